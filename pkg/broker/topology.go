@@ -1,0 +1,147 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Names of the topology. They are part of the public interface.
+const (
+	Exchange   = "main_exchange"
+	RoutingKey = "events"
+	MainQueue  = "events.main"
+	DLQ        = "events.dlq"
+	// RetryQueuePrefix starts the name of every retry tier queue; the delay
+	// follows, e.g. events.retry.30s.
+	RetryQueuePrefix = "events.retry."
+)
+
+// Queue types.
+const (
+	QueueClassic = "classic"
+	QueueQuorum  = "quorum"
+)
+
+// Topology is the set of exchanges and queues the pipeline needs.
+type Topology struct {
+	// QueueType is QueueClassic or QueueQuorum.
+	QueueType string
+	// RetryDelays has one delay per retry attempt.
+	RetryDelays []time.Duration
+	// DeliveryLimit is x-delivery-limit for quorum queues.
+	DeliveryLimit int
+}
+
+// RetryQueue returns the name of the retry tier queue for delay.
+func RetryQueue(delay time.Duration) string {
+	return RetryQueuePrefix + FormatDelay(delay)
+}
+
+// FormatDelay writes a delay in the largest whole unit: 5s, 2m, 1h, 250ms.
+func FormatDelay(d time.Duration) string {
+	switch {
+	case d%time.Hour == 0:
+		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
+	case d%time.Minute == 0:
+		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
+	case d%time.Second == 0:
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	}
+	return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+}
+
+// RetryQueues returns the distinct retry tier queues in attempt order.
+func (t Topology) RetryQueues() []string {
+	var names []string
+	seen := map[string]bool{}
+	for _, d := range t.RetryDelays {
+		n := RetryQueue(d)
+		if !seen[n] {
+			seen[n] = true
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// Queues returns every queue of the topology: main, retry tiers, DLQ.
+func (t Topology) Queues() []string {
+	return append(append([]string{MainQueue}, t.RetryQueues()...), DLQ)
+}
+
+// DeclareOn declares the topology on a short-lived channel of conn.
+func (t Topology) DeclareOn(conn *amqp.Connection) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+	return t.Declare(ch)
+}
+
+// Declare creates the topology, or checks it exists with the same
+// arguments. A queue that exists with other arguments (another QUEUE_TYPE,
+// say) is reported by name; RabbitMQ closes ch in that case.
+func (t Topology) Declare(ch *amqp.Channel) error {
+	if err := ch.ExchangeDeclare(Exchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %s: %w", Exchange, err)
+	}
+	// events.main dead-letters to the DLQ: with quorum queues that is where a
+	// message beyond the delivery limit goes, instead of being dropped.
+	mainArgs := t.args(true)
+	mainArgs["x-dead-letter-exchange"] = ""
+	mainArgs["x-dead-letter-routing-key"] = DLQ
+	if t.QueueType == QueueQuorum {
+		mainArgs["x-delivery-limit"] = t.DeliveryLimit
+	}
+	if err := declareQueue(ch, MainQueue, mainArgs); err != nil {
+		return err
+	}
+	if err := ch.QueueBind(MainQueue, RoutingKey, Exchange, false, nil); err != nil {
+		return fmt.Errorf("bind %s to %s: %w", MainQueue, Exchange, err)
+	}
+	for _, d := range t.RetryDelays {
+		args := t.args(true)
+		args[amqp.QueueMessageTTLArg] = d.Milliseconds()
+		args["x-dead-letter-exchange"] = Exchange
+		args["x-dead-letter-routing-key"] = RoutingKey
+		if err := declareQueue(ch, RetryQueue(d), args); err != nil {
+			return err
+		}
+	}
+	return declareQueue(ch, DLQ, t.args(false))
+}
+
+func (t Topology) queueType() string {
+	if t.QueueType == QueueQuorum {
+		return amqp.QueueTypeQuorum
+	}
+	return amqp.QueueTypeClassic
+}
+
+// args returns the arguments common to every queue; deadLetters says the
+// queue dead-letters somewhere, which on quorum queues must be at-least-once.
+func (t Topology) args(deadLetters bool) amqp.Table {
+	args := amqp.Table{amqp.QueueTypeArg: t.queueType()}
+	if t.QueueType == QueueQuorum && deadLetters {
+		// at-least-once dead-lettering needs reject-publish overflow.
+		args["x-dead-letter-strategy"] = "at-least-once"
+		args[amqp.QueueOverflowArg] = amqp.QueueOverflowRejectPublish
+	}
+	return args
+}
+
+func declareQueue(ch *amqp.Channel, name string, args amqp.Table) error {
+	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
+		var aerr *amqp.Error
+		if errors.As(err, &aerr) && aerr.Code == amqp.PreconditionFailed {
+			return fmt.Errorf("declare queue %s: it exists with other arguments (another QUEUE_TYPE or RETRY_DELAYS?): %w", name, err)
+		}
+		return fmt.Errorf("declare queue %s: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,288 @@
+// Package config reads the settings of the idempotent-events binaries from
+// environment variables (github.com/kelseyhightower/envconfig) and validates
+// them.
+//
+// Every setting has a default that points at services on 127.0.0.1, so a bare
+// receiver or worker runs on a development machine. A bad value is reported as
+// a *Error that names the variable and what is wrong with it; the binaries
+// print it and exit with status 2. Values of variables that may carry
+// credentials (URLs, secrets) are never echoed.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+
+	"github.com/idempotent-events/idempotent-events/pkg/broker"
+)
+
+// ExitCode is the process exit status for invalid configuration.
+const ExitCode = 2
+
+// Connections holds the addresses of the three services the pipeline uses.
+type Connections struct {
+	AMQPURL     string `envconfig:"AMQP_URL" default:"amqp://guest:guest@127.0.0.1:5672/" sensitive:"true"`
+	RedisURL    string `envconfig:"REDIS_URL" default:"redis://127.0.0.1:6379/0" sensitive:"true"`
+	DatabaseURL string `envconfig:"DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/idempotent_events?sslmode=disable" sensitive:"true"`
+	// AMQPReconnectMaxBackoff caps the jittered exponential wait between
+	// reconnect attempts to RabbitMQ.
+	AMQPReconnectMaxBackoff time.Duration `envconfig:"AMQP_RECONNECT_MAX_BACKOFF" default:"10s"`
+}
+
+// Logging selects the zap logger's level and encoding.
+type Logging struct {
+	LogLevel  string `envconfig:"LOG_LEVEL" default:"info"`
+	LogFormat string `envconfig:"LOG_FORMAT" default:"json"`
+}
+
+// Topology describes the RabbitMQ queues both receiver and worker declare.
+type Topology struct {
+	// QueueType is classic or quorum.
+	QueueType string `envconfig:"QUEUE_TYPE" default:"classic"`
+	// RetryDelays lists one delay per retry attempt; each distinct delay is a
+	// retry queue with a queue-level TTL. The seed's fixed 5s x 3 is "5s,5s,5s".
+	RetryDelays Durations `envconfig:"RETRY_DELAYS" default:"5s,30s,2m,10m,1h"`
+	// QuorumDeliveryLimit is x-delivery-limit on quorum queues. A message that
+	// exceeds it is dead-lettered to events.dlq, never dropped.
+	QuorumDeliveryLimit int `envconfig:"QUORUM_DELIVERY_LIMIT" default:"1000"`
+}
+
+// Broker returns the RabbitMQ topology these settings describe.
+func (t Topology) Broker() broker.Topology {
+	return broker.Topology{QueueType: t.QueueType, RetryDelays: t.RetryDelays, DeliveryLimit: t.QuorumDeliveryLimit}
+}
+
+// Dedupe configures the Redis fast path in front of Postgres.
+type Dedupe struct {
+	// RedisKeyPrefix namespaces every key the service writes.
+	RedisKeyPrefix string `envconfig:"REDIS_KEY_PREFIX" default:"ie:"`
+	// DedupeTTL is how long Redis remembers a committed event. It is a cache
+	// lifetime only: Postgres decides correctness.
+	DedupeTTL time.Duration `envconfig:"DEDUPE_TTL" default:"24h"`
+}
+
+// Receiver is the configuration of the receiver binary.
+type Receiver struct {
+	Connections
+	Logging
+	Topology
+	Dedupe
+
+	HTTPAddr    string `envconfig:"HTTP_ADDR" default:":8080"`
+	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9090"`
+
+	// WebhookSecrets are the Stripe signing secrets; more than one during a
+	// rotation. Without any the receiver refuses to start, unless
+	// InsecureSkipVerify is set.
+	WebhookSecrets     List          `envconfig:"WEBHOOK_SECRETS" sensitive:"true"`
+	WebhookTolerance   time.Duration `envconfig:"WEBHOOK_TOLERANCE" default:"5m"`
+	WebhookMaxBody     int64         `envconfig:"WEBHOOK_MAX_BODY_BYTES" default:"1048576"`
+	InsecureSkipVerify bool          `envconfig:"INSECURE_SKIP_SIGNATURE_VERIFICATION" default:"false"`
+
+	PublishTimeout  time.Duration `envconfig:"PUBLISH_TIMEOUT" default:"5s"`
+	PublishChannels int           `envconfig:"PUBLISH_CHANNELS" default:"4"`
+	MaxInFlight     int           `envconfig:"RECEIVER_MAX_IN_FLIGHT" default:"1024"`
+	RetryAfter      time.Duration `envconfig:"RECEIVER_RETRY_AFTER" default:"5s"`
+
+	// DuplicateCheck answers 200 duplicate, without publishing, for an event
+	// that Redis or Postgres says has committed. Any lookup error publishes.
+	DuplicateCheck        bool          `envconfig:"DUPLICATE_CHECK" default:"true"`
+	DuplicateCheckTimeout time.Duration `envconfig:"DUPLICATE_CHECK_TIMEOUT" default:"100ms"`
+
+	ShutdownTimeout time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"20s"`
+}
+
+// Worker is the configuration of the worker binary.
+type Worker struct {
+	Connections
+	Logging
+	Topology
+	Dedupe
+
+	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9091"`
+
+	Prefetch    int           `envconfig:"WORKER_PREFETCH" default:"256"`
+	Concurrency int           `envconfig:"WORKER_CONCURRENCY" default:"4"`
+	BatchSize   int           `envconfig:"WORKER_BATCH_SIZE" default:"64"`
+	BatchWait   time.Duration `envconfig:"WORKER_BATCH_WAIT" default:"5ms"`
+
+	DBMaxConns     int32         `envconfig:"DB_MAX_CONNS" default:"10"`
+	ProcessTimeout time.Duration `envconfig:"PROCESS_TIMEOUT" default:"15s"`
+	// PublishTimeout bounds a retry or DLQ publish waiting for its confirm.
+	PublishTimeout  time.Duration `envconfig:"PUBLISH_TIMEOUT" default:"5s"`
+	ShutdownTimeout time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"20s"`
+}
+
+// Migrate is the configuration of the migrate binary.
+type Migrate struct {
+	Logging
+	DatabaseURL string        `envconfig:"DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/idempotent_events?sslmode=disable" sensitive:"true"`
+	LockTimeout time.Duration `envconfig:"MIGRATE_LOCK_TIMEOUT" default:"5m"`
+}
+
+// Validator is a configuration that can check itself.
+type Validator interface {
+	Validate() error
+}
+
+// Load fills spec from the environment and validates it. The error, if any,
+// is a *Error.
+func Load(spec Validator) error {
+	if err := envconfig.Process("", spec); err != nil {
+		return parseProblem(spec, err)
+	}
+	return spec.Validate()
+}
+
+// Problem is one invalid variable.
+type Problem struct {
+	Var string
+	Msg string
+}
+
+// Error lists every invalid variable found.
+type Error struct {
+	Problems []Problem
+}
+
+func (e *Error) Error() string {
+	lines := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		lines[i] = "invalid configuration: " + p.Var + ": " + p.Msg
+	}
+	return strings.Join(lines, "\n")
+}
+
+// problems collects Problems while a Validate method runs.
+type problems []Problem
+
+func (p *problems) add(name, format string, args ...any) {
+	*p = append(*p, Problem{Var: name, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (p problems) err() error {
+	if len(p) == 0 {
+		return nil
+	}
+	return &Error{Problems: p}
+}
+
+func parseProblem(spec any, err error) error {
+	var pe *envconfig.ParseError
+	if !errors.As(err, &pe) {
+		return &Error{Problems: []Problem{{Var: "environment", Msg: err.Error()}}}
+	}
+	msg := fmt.Sprintf("%q is not a valid %s", pe.Value, typeWord(pe.TypeName))
+	if isSensitive(reflect.TypeOf(spec).Elem(), pe.FieldName) {
+		msg = "value is not a valid " + typeWord(pe.TypeName)
+	}
+	var inner interface{ Unwrap() error }
+	if errors.As(pe.Err, &inner) && inner.Unwrap() != nil {
+		// strconv and time errors repeat the value; keep only their reason.
+		msg += " (" + lastPart(inner.Unwrap().Error()) + ")"
+	} else if pe.Err != nil && !strings.Contains(pe.Err.Error(), pe.Value) {
+		msg += " (" + pe.Err.Error() + ")"
+	}
+	return &Error{Problems: []Problem{{Var: pe.KeyName, Msg: msg}}}
+}
+
+func typeWord(goType string) string {
+	switch goType {
+	case "time.Duration":
+		return "duration (e.g. 500ms, 5s, 2m)"
+	case "bool":
+		return "boolean (true or false)"
+	case "int", "int32", "int64":
+		return "integer"
+	case "config.Durations":
+		return "comma-separated list of durations (e.g. 5s,30s,2m)"
+	}
+	return goType
+}
+
+func lastPart(s string) string {
+	if i := strings.LastIndex(s, ": "); i >= 0 {
+		return s[i+2:]
+	}
+	return s
+}
+
+func isSensitive(t reflect.Type, field string) bool {
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			if isSensitive(f.Type, field) {
+				return true
+			}
+			continue
+		}
+		if f.Name == field {
+			return f.Tag.Get("sensitive") == "true"
+		}
+	}
+	return false
+}
+
+// List is a comma-separated list of strings; blanks around items and empty
+// items are dropped.
+type List []string
+
+// Decode implements envconfig.Decoder.
+func (l *List) Decode(value string) error {
+	var out List
+	for _, item := range strings.Split(value, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	*l = out
+	return nil
+}
+
+// Durations is a comma-separated list of durations.
+type Durations []time.Duration
+
+// Decode implements envconfig.Decoder.
+func (d *Durations) Decode(value string) error {
+	var out Durations
+	for _, item := range strings.Split(value, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		v, err := time.ParseDuration(item)
+		if err != nil {
+			return fmt.Errorf("item %q: %w", item, err)
+		}
+		out = append(out, v)
+	}
+	*d = out
+	return nil
+}
+
+// String formats the list as it is written in the environment.
+func (d Durations) String() string {
+	parts := make([]string, len(d))
+	for i, v := range d {
+		parts[i] = v.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+func checkRange(p *problems, name string, v, lo, hi int64) {
+	if v < lo || v > hi {
+		p.add(name, "must be between %d and %d, got %s", lo, hi, strconv.FormatInt(v, 10))
+	}
+}
+
+func checkPositive(p *problems, name string, d time.Duration) {
+	if d <= 0 {
+		p.add(name, "must be a positive duration, got %s", d)
+	}
+}

@@ -1,0 +1,269 @@
+// Package event decodes and validates the payment events idempotent-events
+// processes.
+//
+// Two JSON shapes are accepted:
+//
+//   - a real Stripe event: {"id":"evt_…","type":"payment_intent.succeeded",
+//     "created":…,"data":{"object":{PaymentIntent}}}. Events whose data.object
+//     is not a PaymentIntent are valid too (Stripe sends every type an
+//     endpoint subscribes to); they are recorded as processed and carry no
+//     Payment.
+//   - the seed's short form: {"id","type","data":{"payment_intent",
+//     "amount_cents","currency","status"}}.
+//
+// A problem with the input is a *FieldError naming the JSON path of the
+// offending field, so a sender can fix its request. The receiver answers it
+// with 400; the worker sends such a message to the DLQ at once.
+package event
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Limits on identifiers; they keep keys and rows small and printable.
+const (
+	MaxIDLength   = 255
+	MaxTypeLength = 128
+)
+
+// Event is a validated provider event.
+type Event struct {
+	// ID is the provider's event id (evt_… for Stripe): the dedupe key.
+	ID string
+	// Type is the provider's event type, e.g. payment_intent.succeeded.
+	Type string
+	// Created is the provider's creation time; zero when the input has none.
+	Created  time.Time
+	Livemode bool
+	// Payment is set for events that describe a payment.
+	Payment *Payment
+}
+
+// Payment is the business content of a payment event: one payments row.
+type Payment struct {
+	IntentID    string
+	AmountCents int64
+	// Currency is a lower-case ISO 4217 code.
+	Currency string
+	Status   string
+}
+
+// FieldError says which field of the input is wrong and how.
+type FieldError struct {
+	// Field is a JSON path such as "data.object.amount"; "body" for the
+	// document as a whole.
+	Field   string
+	Problem string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Problem }
+
+type wireEvent struct {
+	ID       *string   `json:"id"`
+	Type     *string   `json:"type"`
+	Created  *int64    `json:"created"`
+	Livemode bool      `json:"livemode"`
+	Data     *wireData `json:"data"`
+}
+
+type wireData struct {
+	Object json.RawMessage `json:"object"`
+
+	// The seed's short form.
+	PaymentIntent *string `json:"payment_intent"`
+	AmountCents   *int64  `json:"amount_cents"`
+	Currency      *string `json:"currency"`
+	Status        *string `json:"status"`
+}
+
+type wireObject struct {
+	Object string `json:"object"`
+}
+
+type wirePaymentIntent struct {
+	ID       *string `json:"id"`
+	Amount   *int64  `json:"amount"`
+	Currency *string `json:"currency"`
+	Status   *string `json:"status"`
+}
+
+// Decode parses and validates body.
+func Decode(body []byte) (Event, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return Event{}, &FieldError{Field: "body", Problem: "empty body"}
+	}
+	var w wireEvent
+	if err := json.Unmarshal(body, &w); err != nil {
+		return Event{}, jsonProblem("", err)
+	}
+	var ev Event
+	var err error
+	if ev.ID, err = requireID("id", w.ID); err != nil {
+		return Event{}, err
+	}
+	if ev.Type, err = requireType(w.Type); err != nil {
+		return Event{}, err
+	}
+	if w.Created != nil {
+		if *w.Created < 0 {
+			return Event{}, &FieldError{Field: "created", Problem: "must be a non-negative unix time"}
+		}
+		ev.Created = time.Unix(*w.Created, 0).UTC()
+	}
+	ev.Livemode = w.Livemode
+	if w.Data == nil {
+		return Event{}, &FieldError{Field: "data", Problem: "required object is missing"}
+	}
+	if len(w.Data.Object) > 0 && !bytes.Equal(w.Data.Object, []byte("null")) {
+		ev.Payment, err = decodeObject(w.Data.Object)
+	} else {
+		ev.Payment, err = decodeShort(w.Data)
+	}
+	if err != nil {
+		return Event{}, err
+	}
+	return ev, nil
+}
+
+func decodeObject(raw json.RawMessage) (*Payment, error) {
+	var kind wireObject
+	if err := json.Unmarshal(raw, &kind); err != nil {
+		return nil, jsonProblem("data.object", err)
+	}
+	if kind.Object != "payment_intent" {
+		return nil, nil
+	}
+	var pi wirePaymentIntent
+	if err := json.Unmarshal(raw, &pi); err != nil {
+		return nil, jsonProblem("data.object", err)
+	}
+	return newPayment("data.object.", pi.ID, "id", pi.Amount, "amount", pi.Currency, pi.Status)
+}
+
+func decodeShort(d *wireData) (*Payment, error) {
+	return newPayment("data.", d.PaymentIntent, "payment_intent", d.AmountCents, "amount_cents", d.Currency, d.Status)
+}
+
+func newPayment(prefix string, id *string, idField string, amount *int64, amountField string, currency, status *string) (*Payment, error) {
+	var p Payment
+	var err error
+	if p.IntentID, err = requireID(prefix+idField, id); err != nil {
+		return nil, err
+	}
+	if amount == nil {
+		return nil, &FieldError{Field: prefix + amountField, Problem: "required integer is missing"}
+	}
+	if *amount < 0 {
+		return nil, &FieldError{Field: prefix + amountField, Problem: "must not be negative"}
+	}
+	p.AmountCents = *amount
+	if currency == nil {
+		return nil, &FieldError{Field: prefix + "currency", Problem: "required string is missing"}
+	}
+	if !isCurrency(*currency) {
+		return nil, &FieldError{Field: prefix + "currency", Problem: "must be a three-letter ISO 4217 code"}
+	}
+	p.Currency = strings.ToLower(*currency)
+	if status == nil || *status == "" {
+		return nil, &FieldError{Field: prefix + "status", Problem: "required string is missing"}
+	}
+	if len(*status) > 64 || !isToken(*status) {
+		return nil, &FieldError{Field: prefix + "status", Problem: "must be at most 64 characters of letters, digits and _"}
+	}
+	p.Status = *status
+	return &p, nil
+}
+
+func requireID(field string, v *string) (string, error) {
+	switch {
+	case v == nil || *v == "":
+		return "", &FieldError{Field: field, Problem: "required string is missing"}
+	case len(*v) > MaxIDLength:
+		return "", &FieldError{Field: field, Problem: fmt.Sprintf("longer than %d characters", MaxIDLength)}
+	case !isToken(*v):
+		return "", &FieldError{Field: field, Problem: "must contain only letters, digits and _ - . :"}
+	}
+	return *v, nil
+}
+
+func requireType(v *string) (string, error) {
+	switch {
+	case v == nil || *v == "":
+		return "", &FieldError{Field: "type", Problem: "required string is missing"}
+	case len(*v) > MaxTypeLength:
+		return "", &FieldError{Field: "type", Problem: fmt.Sprintf("longer than %d characters", MaxTypeLength)}
+	case !isToken(*v):
+		return "", &FieldError{Field: "type", Problem: "must contain only letters, digits and _ - . :"}
+	}
+	return *v, nil
+}
+
+// isToken reports whether s holds only characters that are safe in a key,
+// a log line and a header: ASCII letters, digits and _ - . :
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case c == '_' || c == '-' || c == '.' || c == ':':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func isCurrency(s string) bool {
+	if len(s) != 3 {
+		return false
+	}
+	for i := 0; i < 3; i++ {
+		c := s[i] | 0x20 // fold to lower case
+		if c < 'a' || c > 'z' {
+			return false
+		}
+	}
+	return true
+}
+
+// jsonProblem turns an encoding/json error into a FieldError whose path is
+// relative to the document root.
+func jsonProblem(prefix string, err error) error {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr):
+		field := typeErr.Field
+		if prefix != "" {
+			field = strings.TrimSuffix(prefix+"."+field, ".")
+		}
+		if field == "" {
+			field = "body"
+			if prefix != "" {
+				field = prefix
+			}
+			return &FieldError{Field: field, Problem: "must be a JSON object"}
+		}
+		return &FieldError{Field: field, Problem: fmt.Sprintf("must be %s, got %s", jsonKind(typeErr.Type.String()), typeErr.Value)}
+	case errors.As(err, &syntaxErr):
+		return &FieldError{Field: "body", Problem: fmt.Sprintf("malformed JSON at byte %d: %s", syntaxErr.Offset, syntaxErr.Error())}
+	}
+	return &FieldError{Field: "body", Problem: "malformed JSON: " + err.Error()}
+}
+
+func jsonKind(goType string) string {
+	switch strings.TrimPrefix(goType, "*") {
+	case "string":
+		return "a string"
+	case "int64":
+		return "an integer"
+	case "bool":
+		return "a boolean"
+	}
+	return "an object"
+}

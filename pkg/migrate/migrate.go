@@ -1,0 +1,164 @@
+// Package migrate brings the Postgres schema of idempotent-events up to date.
+//
+// The migrations are the embedded SQL files of package migrations, applied
+// with github.com/pressly/goose/v3 (chosen for its Provider API: versioned
+// files from an fs.FS, a per-database version table, and a session locker).
+//
+// Several migrate processes may run at once (a Helm hook on every upgrade,
+// replicas of an init container): each takes a Postgres session advisory lock
+// before it looks at the version table, so exactly one applies a given
+// migration and the others find nothing pending. Running it again when
+// nothing is pending changes nothing. The lock id is derived from the
+// database and schema names, so migrations of unrelated schemas do not wait
+// on each other.
+package migrate
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/idempotent-events/idempotent-events/migrations"
+)
+
+// Result describes one run.
+type Result struct {
+	// CreatedDatabase is true when this run created the database.
+	CreatedDatabase bool
+	// Applied lists the versions this run applied, in order.
+	Applied []int64
+	// Version is the schema version after the run.
+	Version int64
+}
+
+// Up creates the database named in databaseURL if it does not exist, then
+// applies every pending migration. lockTimeout bounds the wait for another
+// migrate that holds the lock.
+func Up(ctx context.Context, databaseURL string, lockTimeout time.Duration) (Result, error) {
+	var res Result
+	created, err := EnsureDatabase(ctx, databaseURL)
+	if err != nil {
+		return res, err
+	}
+	res.CreatedDatabase = created
+
+	db, err := openDB(databaseURL)
+	if err != nil {
+		return res, err
+	}
+	defer db.Close()
+	p, err := newProvider(ctx, db, lockTimeout)
+	if err != nil {
+		return res, err
+	}
+	results, err := p.Up(ctx)
+	for _, r := range results {
+		if r.Error == nil && !r.Empty {
+			res.Applied = append(res.Applied, r.Source.Version)
+		}
+	}
+	if err != nil {
+		return res, fmt.Errorf("apply migrations: %w", err)
+	}
+	if res.Version, err = p.GetDBVersion(ctx); err != nil {
+		return res, fmt.Errorf("read schema version: %w", err)
+	}
+	return res, nil
+}
+
+// Pending reports whether the database lacks any embedded migration; an
+// error means the schema could not be read (no database, no version table).
+func Pending(ctx context.Context, databaseURL string) (bool, error) {
+	db, err := openDB(databaseURL)
+	if err != nil {
+		return false, err
+	}
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS)
+	if err != nil {
+		return false, fmt.Errorf("load migrations: %w", err)
+	}
+	return p.HasPending(ctx)
+}
+
+func openDB(databaseURL string) (*sql.DB, error) {
+	cfg, err := pgx.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	return stdlib.OpenDB(*cfg), nil
+}
+
+func newProvider(ctx context.Context, db *sql.DB, lockTimeout time.Duration) (*goose.Provider, error) {
+	var dbName, schema string
+	if err := db.QueryRowContext(ctx, "SELECT current_database(), coalesce(current_schema(), '')").Scan(&dbName, &schema); err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	h := fnv.New64a()
+	h.Write([]byte("idempotent-events migrate\x00" + dbName + "\x00" + schema))
+	seconds := uint64(max(lockTimeout/time.Second, 1))
+	locker, err := lock.NewPostgresSessionLocker(
+		lock.WithLockID(int64(h.Sum64()>>1)),
+		lock.WithLockTimeout(1, seconds),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("migration lock: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS, goose.WithSessionLocker(locker))
+	if err != nil {
+		return nil, fmt.Errorf("load migrations: %w", err)
+	}
+	return p, nil
+}
+
+// EnsureDatabase creates the database named in databaseURL when it does not
+// exist, connecting to the server's "postgres" database to do so. It is safe
+// when several callers race: losing the race is not an error.
+func EnsureDatabase(ctx context.Context, databaseURL string) (bool, error) {
+	cfg, err := pgx.ParseConfig(databaseURL)
+	if err != nil {
+		return false, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	target := cfg.Database
+	if target == "" {
+		return false, errors.New("DATABASE_URL names no database")
+	}
+	// Fast path: the database exists and we can connect to it.
+	if conn, err := pgx.ConnectConfig(ctx, cfg); err == nil {
+		_ = conn.Close(ctx)
+		return false, nil
+	} else if !isCode(err, "3D000") { // invalid_catalog_name
+		return false, fmt.Errorf("connect to database %s: %w", target, err)
+	}
+	admin := cfg.Copy()
+	admin.Database = "postgres"
+	conn, err := pgx.ConnectConfig(ctx, admin)
+	if err != nil {
+		return false, fmt.Errorf("connect to the postgres database to create %s: %w", target, err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{target}.Sanitize())
+	switch {
+	case err == nil:
+		return true, nil
+	// duplicate_database, or the unique index on pg_database when two
+	// CREATE DATABASE statements race.
+	case isCode(err, "42P04"), isCode(err, "23505"):
+		return false, nil
+	}
+	return false, fmt.Errorf("create database %s: %w", target, err)
+}
+
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}

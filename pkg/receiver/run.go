@@ -1,0 +1,96 @@
+package receiver
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/idempotent-events/idempotent-events/pkg/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/config"
+	"github.com/idempotent-events/idempotent-events/pkg/dedupe"
+	"github.com/idempotent-events/idempotent-events/pkg/store"
+	"github.com/idempotent-events/idempotent-events/pkg/telemetry"
+	"github.com/idempotent-events/idempotent-events/pkg/webhook"
+)
+
+// Run serves webhooks until ctx is done, then stops taking requests, lets
+// the ones in flight finish (up to SHUTDOWN_TIMEOUT) and closes the broker
+// connection last, so no accepted request loses its confirm.
+func Run(ctx context.Context, cfg config.Receiver, log *zap.Logger, reg *prometheus.Registry) error {
+	m := NewMetrics(reg)
+	topo := cfg.Topology.Broker()
+	pub := &broker.Publisher{}
+
+	var verifier *webhook.StripeVerifier
+	if cfg.InsecureSkipVerify {
+		log.Warn("INSECURE_SKIP_SIGNATURE_VERIFICATION is set: webhooks are accepted without a signature and can be forged")
+	} else {
+		verifier = webhook.NewStripeVerifier(cfg.WebhookSecrets, cfg.WebhookTolerance)
+	}
+
+	opts := Options{
+		Verifier:              verifier,
+		Publisher:             pub,
+		DuplicateCheckTimeout: cfg.DuplicateCheckTimeout,
+		MaxBodyBytes:          cfg.WebhookMaxBody,
+		PublishTimeout:        cfg.PublishTimeout,
+		RetryAfter:            cfg.RetryAfter,
+		MaxInFlight:           cfg.MaxInFlight,
+		Logger:                log.Named("http"),
+		Metrics:               m,
+	}
+	if cfg.DuplicateCheck {
+		st, err := store.Open(ctx, cfg.DatabaseURL, 4)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		cache, err := dedupe.Open(cfg.RedisURL, cfg.RedisKeyPrefix, cfg.DedupeTTL)
+		if err != nil {
+			return err
+		}
+		defer cache.Close()
+		opts.Duplicates = dedupe.Checker{Cache: cache, Ledger: st}
+	}
+	h := NewHandler(opts)
+
+	httpLn, err := telemetry.Listen(cfg.HTTPAddr)
+	if err != nil {
+		return err
+	}
+	metricsLn, err := telemetry.Listen(cfg.MetricsAddr)
+	if err != nil {
+		_ = httpLn.Close()
+		return err
+	}
+
+	// The broker connection outlives the HTTP server: requests being drained
+	// still need their confirms.
+	brokerCtx, stopBroker := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		dialer := broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events receiver", MaxBackoff: cfg.AMQPReconnectMaxBackoff}
+		_ = broker.Supervise(brokerCtx, dialer, log.Named("broker"), m.brokerState, func(ctx context.Context, conn *amqp.Connection) error {
+			if err := topo.DeclareOn(conn); err != nil {
+				return err
+			}
+			return pub.Serve(ctx, conn, cfg.PublishChannels)
+		})
+	})
+	var metricsErr error
+	wg.Go(func() {
+		metricsErr = telemetry.Serve(ctx, telemetry.Server(telemetry.MetricsHandler(reg, h.Ready)), metricsLn, cfg.ShutdownTimeout)
+	})
+
+	log.Info("receiver listening", zap.String("http_addr", httpLn.Addr().String()), zap.String("metrics_addr", metricsLn.Addr().String()))
+	srv := telemetry.Server(h)
+	srv.ErrorLog = zap.NewStdLog(log.Named("http"))
+	err = telemetry.Serve(ctx, srv, httpLn, cfg.ShutdownTimeout)
+	stopBroker()
+	wg.Wait()
+	return errors.Join(err, metricsErr)
+}

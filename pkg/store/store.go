@@ -1,0 +1,203 @@
+// Package store writes the effects of events to Postgres, the only source of
+// truth of idempotent-events.
+//
+// Commit writes a batch of events in one transaction: the processed_events
+// rows (event_id is the primary key) with INSERT … ON CONFLICT DO NOTHING
+// RETURNING, then the payments rows of exactly the events that insert
+// returned. An event whose ledger row already existed is a duplicate and gets
+// no second business row. The caller acks only after Commit returned, so a
+// crash anywhere before COMMIT leaves the message unacked (it is redelivered)
+// and a crash after COMMIT leaves a ledger row that makes the redelivery a
+// duplicate.
+//
+// Rows are inserted in event_id order, so two transactions that share events
+// lock them in the same order and cannot deadlock each other.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotent-events/idempotent-events/pkg/event"
+)
+
+// Record is one event to commit.
+type Record struct {
+	Event  event.Event
+	Source string
+	// PayloadSHA256 is the digest of the body as the provider signed it.
+	PayloadSHA256 []byte
+	// ReceivedAt is when the receiver accepted the event.
+	ReceivedAt time.Time
+	// Attempt is the processing attempt, 1 for the first delivery.
+	Attempt int
+}
+
+// Store is a Postgres connection pool with the queries of the pipeline.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// Open connects a pool to databaseURL. maxConns of 0 keeps pgx's default.
+func Open(ctx context.Context, databaseURL string, maxConns int32) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	// A connection that sat idle through a network cut is found dead on first
+	// use; checking on acquire turns that into a fresh connection instead.
+	cfg.HealthCheckPeriod = 5 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create pool: %w", err)
+	}
+	return &Store{pool: pool}, nil
+}
+
+// Close closes every connection.
+func (s *Store) Close() { s.pool.Close() }
+
+// Ping checks that Postgres answers.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+// Pool exposes the pool for tests and tools.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+const insertLedger = `
+INSERT INTO processed_events (event_id, source, event_type, payload_sha256, received_at, attempt)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::int[])
+ORDER BY 1
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id`
+
+const insertPayments = `
+INSERT INTO payments (event_id, payment_intent_id, event_type, amount_cents, currency, status, livemode, event_created_at)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bool[], $8::timestamptz[])
+ORDER BY 1`
+
+// Commit writes recs in one transaction and reports, for each record in
+// order, whether it was new (true) or already processed (false). Records
+// must have distinct event ids. On error nothing was written.
+func (s *Store) Commit(ctx context.Context, recs []Record) ([]bool, error) {
+	n := len(recs)
+	if n == 0 {
+		return nil, nil
+	}
+	ids := make([]string, n)
+	sources := make([]string, n)
+	types := make([]string, n)
+	digests := make([][]byte, n)
+	received := make([]*time.Time, n)
+	attempts := make([]int32, n)
+	for i := range recs {
+		r := &recs[i]
+		ids[i] = r.Event.ID
+		sources[i] = r.Source
+		types[i] = r.Event.Type
+		digests[i] = r.PayloadSHA256
+		if !r.ReceivedAt.IsZero() {
+			received[i] = &r.ReceivedAt
+		}
+		attempts[i] = int32(max(r.Attempt, 1))
+	}
+
+	isNew := make([]bool, n)
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, insertLedger, ids, sources, types, digests, received, attempts)
+		if err != nil {
+			return fmt.Errorf("insert processed_events: %w", err)
+		}
+		inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("insert processed_events: %w", err)
+		}
+		slices.Sort(inserted)
+		var p paymentColumns
+		for i := range recs {
+			if _, ok := slices.BinarySearch(inserted, recs[i].Event.ID); ok {
+				isNew[i] = true
+				p.add(&recs[i].Event)
+			}
+		}
+		if len(p.ids) == 0 {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, insertPayments, p.ids, p.intents, p.types, p.amounts, p.currencies, p.statuses, p.livemodes, p.created); err != nil {
+			return fmt.Errorf("insert payments: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return isNew, nil
+}
+
+type paymentColumns struct {
+	ids, intents, types, currencies, statuses []string
+	amounts                                   []int64
+	livemodes                                 []bool
+	created                                   []*time.Time
+}
+
+func (p *paymentColumns) add(ev *event.Event) {
+	if ev.Payment == nil {
+		return
+	}
+	p.ids = append(p.ids, ev.ID)
+	p.intents = append(p.intents, ev.Payment.IntentID)
+	p.types = append(p.types, ev.Type)
+	p.amounts = append(p.amounts, ev.Payment.AmountCents)
+	p.currencies = append(p.currencies, ev.Payment.Currency)
+	p.statuses = append(p.statuses, ev.Payment.Status)
+	p.livemodes = append(p.livemodes, ev.Livemode)
+	var created *time.Time
+	if !ev.Created.IsZero() {
+		created = &ev.Created
+	}
+	p.created = append(p.created, created)
+}
+
+// Processed reports, for each id in order, whether its event has committed.
+func (s *Store) Processed(ctx context.Context, ids []string) ([]bool, error) {
+	rows, err := s.pool.Query(ctx, `SELECT event_id FROM processed_events WHERE event_id = ANY($1)`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("look up processed_events: %w", err)
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("look up processed_events: %w", err)
+	}
+	slices.Sort(found)
+	out := make([]bool, len(ids))
+	for i, id := range ids {
+		_, out[i] = slices.BinarySearch(found, id)
+	}
+	return out, nil
+}
+
+// IsPermanent reports whether err is a problem with the data itself (SQLSTATE
+// class 22 data exception or 23 integrity violation), which no retry can fix.
+// Everything else (connection loss, timeouts, serialization failures, a
+// server shutting down) is transient.
+func IsPermanent(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23":
+		return true
+	}
+	return false
+}

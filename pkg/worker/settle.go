@@ -1,0 +1,109 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/idempotent-events/idempotent-events/pkg/broker"
+)
+
+// maxErrorLen keeps error headers small.
+const maxErrorLen = 1024
+
+// settle carries out m's Result. An error means the message could not be
+// moved where it must go and was not acked.
+func (w *Worker) settle(ctx context.Context, s *session, m *message) error {
+	res := m.res
+	switch res.Outcome {
+	case Processed, Duplicate:
+		if res.Outcome == Duplicate {
+			w.m.duplicates.WithLabelValues(string(res.Layer)).Inc()
+			w.log.Debug("duplicate acked", zap.String("event_id", m.ev.ID), zap.String("layer", string(res.Layer)))
+		}
+	case Retry:
+		queue := broker.RetryQueue(res.Delay)
+		if err := w.publishCopy(ctx, s, queue, m, nil); err != nil {
+			return fmt.Errorf("publish to %s: %w", queue, err)
+		}
+		w.m.retries.WithLabelValues(broker.FormatDelay(res.Delay)).Inc()
+		w.log.Warn("event sent to retry tier", zap.String("event_id", m.ev.ID), zap.Int("attempt", m.attempt),
+			zap.String("queue", queue), zap.Error(res.Err))
+	case DeadLetter:
+		extra := amqp.Table{
+			broker.HeaderDLQReason:      res.Reason,
+			broker.HeaderDeadLetteredAt: time.Now().UTC().Format(time.RFC3339Nano),
+		}
+		if err := w.publishCopy(ctx, s, broker.DLQ, m, extra); err != nil {
+			return fmt.Errorf("publish to %s: %w", broker.DLQ, err)
+		}
+		w.m.deadLetters.WithLabelValues(res.Reason).Inc()
+		w.log.Error("event dead-lettered", zap.String("event_id", m.ev.ID), zap.String("message_id", m.d.MessageId),
+			zap.String("reason", res.Reason), zap.Int("attempts", m.attempt), zap.Error(res.Err))
+	default:
+		return fmt.Errorf("no outcome decided for delivery %d", m.d.DeliveryTag)
+	}
+	w.m.events.WithLabelValues(res.Outcome.String()).Inc()
+	if err := m.d.Ack(false); err != nil {
+		// The channel is gone; the broker redelivers and dedupe absorbs it.
+		w.m.ackFailures.Inc()
+		w.log.Warn("ack failed; the message will be redelivered", zap.String("event_id", m.ev.ID), zap.Error(err))
+	}
+	return nil
+}
+
+// publishCopy publishes m to queue (through the default exchange) with the
+// failure bookkeeping headers, and waits for the broker's confirm.
+func (w *Worker) publishCopy(ctx context.Context, s *session, queue string, m *message, extra amqp.Table) error {
+	h := make(amqp.Table, len(m.d.Headers)+8)
+	for k, v := range m.d.Headers {
+		h[k] = v
+	}
+	delete(h, broker.HeaderPublishID)
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	errText := "unknown error"
+	if m.res.Err != nil {
+		errText = truncate(m.res.Err.Error(), maxErrorLen)
+	}
+	if broker.String(h, broker.HeaderFirstError) == "" {
+		h[broker.HeaderFirstError] = errText
+		h[broker.HeaderFirstFailedAt] = now
+	}
+	h[broker.HeaderLastError] = errText
+	h[broker.HeaderLastFailedAt] = now
+	if broker.String(h, broker.HeaderOriginalExchange) == "" && broker.String(h, broker.HeaderOriginalRoutingKey) == "" {
+		h[broker.HeaderOriginalExchange] = m.d.Exchange
+		h[broker.HeaderOriginalRoutingKey] = m.d.RoutingKey
+	}
+	next := m.attempt
+	if m.res.Outcome == Retry {
+		next++
+	}
+	h[broker.HeaderAttempt] = int64(next)
+	for k, v := range extra {
+		h[k] = v
+	}
+	msg := amqp.Publishing{
+		Headers:         h,
+		ContentType:     m.d.ContentType,
+		ContentEncoding: m.d.ContentEncoding,
+		MessageId:       m.d.MessageId,
+		Timestamp:       m.d.Timestamp,
+		Type:            m.d.Type,
+		AppId:           m.d.AppId,
+		Body:            m.d.Body,
+	}
+	pctx, cancel := context.WithTimeout(ctx, w.opts.PublishTimeout)
+	defer cancel()
+	return s.pub.Publish(pctx, "", queue, msg)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

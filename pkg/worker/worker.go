@@ -1,0 +1,288 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/idempotent-events/idempotent-events/pkg/broker"
+)
+
+// Options configures a Worker.
+type Options struct {
+	Topology    broker.Topology
+	Prefetch    int
+	Concurrency int
+	BatchSize   int
+	BatchWait   time.Duration
+	// ProcessTimeout bounds one Postgres transaction.
+	ProcessTimeout time.Duration
+	// PublishTimeout bounds waiting for the confirm of a retry or DLQ copy.
+	PublishTimeout time.Duration
+	// ShutdownTimeout bounds finishing in-flight work after ctx is done.
+	ShutdownTimeout time.Duration
+
+	Ledger  Ledger
+	Cache   Cache
+	Logger  *zap.Logger
+	Metrics *Metrics
+	Hooks   Hooks
+}
+
+// Worker consumes events.main; see the package documentation.
+type Worker struct {
+	opts      Options
+	log       *zap.Logger
+	m         *Metrics
+	consuming atomic.Bool
+}
+
+// New returns a Worker.
+func New(opts Options) *Worker {
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	return &Worker{opts: opts, log: opts.Logger, m: opts.Metrics}
+}
+
+// Ready is nil while the worker is consuming.
+func (w *Worker) Ready() error {
+	if !w.consuming.Load() {
+		return errors.New("not consuming: broker not connected")
+	}
+	return nil
+}
+
+// Run consumes until ctx is done, reconnecting whenever the connection is
+// lost, then drains in-flight work within ShutdownTimeout.
+func (w *Worker) Run(ctx context.Context, d broker.Dialer) error {
+	return broker.Supervise(ctx, d, w.log.Named("broker"), w.m.brokerState, w.serve)
+}
+
+// session is everything that belongs to one connection.
+type session struct {
+	consumer *amqp.Channel
+	pub      *broker.ConfirmChannel
+	abortMu  sync.Once
+	aborted  chan struct{}
+	abortErr error
+}
+
+// abort tears the session down: closing the consumer channel makes the
+// broker requeue every unacked delivery of this session.
+func (s *session) abort(err error) {
+	s.abortMu.Do(func() {
+		s.abortErr = err
+		close(s.aborted)
+		_ = s.consumer.Close()
+	})
+}
+
+func (w *Worker) serve(ctx context.Context, conn *amqp.Connection) error {
+	if err := w.opts.Topology.DeclareOn(conn); err != nil {
+		return err
+	}
+	pub, err := broker.OpenConfirmChannel(conn)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open consumer channel: %w", err)
+	}
+	defer ch.Close()
+	if err := ch.Qos(w.opts.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	const tag = "idempotent-events-worker"
+	deliveries, err := ch.Consume(broker.MainQueue, tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", broker.MainQueue, err)
+	}
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	s := &session{consumer: ch, pub: pub, aborted: make(chan struct{})}
+
+	// Processing outlives ctx: a shutdown finishes in-flight work. hardStop
+	// ends it when the shutdown timeout runs out.
+	procCtx, hardStop := context.WithCancel(context.WithoutCancel(ctx))
+	defer hardStop()
+	var wg sync.WaitGroup
+	for i := 0; i < w.opts.Concurrency; i++ {
+		wg.Go(func() { w.consume(procCtx, s, deliveries) })
+	}
+	w.consuming.Store(true)
+	w.log.Info("consuming", zap.String("queue", broker.MainQueue), zap.Int("prefetch", w.opts.Prefetch),
+		zap.Int("concurrency", w.opts.Concurrency), zap.Int("batch_size", w.opts.BatchSize))
+	defer w.consuming.Store(false)
+
+	select {
+	case <-ctx.Done():
+		w.consuming.Store(false)
+		return w.drain(s, tag, &wg, hardStop)
+	case <-s.aborted:
+		wg.Wait()
+		return s.abortErr
+	case err := <-chClosed:
+		// Deliveries die with the channel; processors see it closed, finish
+		// what they hold (their acks will fail: those are redelivered).
+		wg.Wait()
+		if err != nil {
+			return err
+		}
+		return errors.New("consumer channel closed")
+	}
+}
+
+// drain cancels the consumer, lets the processors finish what was already
+// delivered, and gives up after the shutdown timeout.
+func (w *Worker) drain(s *session, tag string, wg *sync.WaitGroup, hardStop context.CancelFunc) error {
+	deadline := time.NewTimer(w.opts.ShutdownTimeout)
+	defer deadline.Stop()
+	go func() {
+		// Cancel waits for the broker's cancel-ok; after it, no new deliveries
+		// arrive and the deliveries channel closes once drained.
+		if err := s.consumer.Cancel(tag, false); err != nil {
+			s.abort(fmt.Errorf("cancel consumer: %w", err))
+		}
+	}()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		w.log.Info("drained in-flight deliveries")
+		return nil
+	case <-deadline.C:
+		w.log.Warn("shutdown timeout: leaving unfinished deliveries unacked for redelivery", zap.Duration("timeout", w.opts.ShutdownTimeout))
+		hardStop()
+		s.abort(errors.New("shutdown timeout"))
+		<-done
+		return nil
+	}
+}
+
+// consume collects batches from deliveries and handles them until the
+// channel closes.
+func (w *Worker) consume(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
+	for {
+		batch := w.collect(deliveries)
+		if len(batch) == 0 {
+			return
+		}
+		w.handle(ctx, s, batch)
+	}
+}
+
+// collect blocks for one delivery, then takes more until the batch is full,
+// BatchWait has passed or the channel closes. It returns nil once the channel
+// is closed and empty.
+func (w *Worker) collect(deliveries <-chan amqp.Delivery) []*message {
+	d, ok := <-deliveries
+	if !ok {
+		return nil
+	}
+	batch := []*message{newMessage(d)}
+	if w.opts.BatchSize <= 1 {
+		return batch
+	}
+	var timeout <-chan time.Time
+	if w.opts.BatchWait > 0 {
+		t := time.NewTimer(w.opts.BatchWait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	for len(batch) < w.opts.BatchSize {
+		if timeout == nil {
+			select {
+			case d, ok := <-deliveries:
+				if !ok {
+					return batch
+				}
+				batch = append(batch, newMessage(d))
+				continue
+			default:
+				return batch
+			}
+		}
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, newMessage(d))
+		case <-timeout:
+			return batch
+		}
+	}
+	return batch
+}
+
+// handle processes one batch and settles every message in it.
+func (w *Worker) handle(ctx context.Context, s *session, batch []*message) {
+	w.m.inFlight.Add(float64(len(batch)))
+	defer w.m.inFlight.Sub(float64(len(batch)))
+	w.m.batchSize.Observe(float64(len(batch)))
+	start := time.Now()
+	err := w.processSafely(ctx, batch)
+	w.m.batchSeconds.Observe(time.Since(start).Seconds())
+	if err != nil {
+		// Simulated death, or a processing context cut by shutdown: settle
+		// nothing; the broker redelivers.
+		w.log.Warn("batch abandoned unacked", zap.Int("size", len(batch)), zap.Error(err))
+		s.abort(err)
+		return
+	}
+	for _, m := range batch {
+		if err := w.settle(ctx, s, m); err != nil {
+			w.log.Error("could not settle message; reconnecting so the broker redelivers it",
+				zap.String("event_id", m.ev.ID), zap.String("outcome", m.res.Outcome.String()), zap.Error(err))
+			s.abort(err)
+			return
+		}
+	}
+}
+
+// processSafely runs process, and on a panic processes the messages one at
+// a time so that only the one that panics is dead-lettered.
+func (w *Worker) processSafely(ctx context.Context, batch []*message) (err error) {
+	if perr := w.tryProcess(ctx, batch); perr == nil || !errors.As(perr, new(*panicked)) {
+		return perr
+	}
+	for _, m := range batch {
+		single := []*message{m}
+		if err := w.tryProcess(ctx, single); err != nil {
+			var p *panicked
+			if !errors.As(err, &p) {
+				return err
+			}
+			m.res = Result{Outcome: DeadLetter, Reason: ReasonPanic, Err: p}
+		}
+	}
+	return nil
+}
+
+type panicked struct{ v any }
+
+func (p *panicked) Error() string { return fmt.Sprintf("panic: %v", p.v) }
+
+func (w *Worker) tryProcess(ctx context.Context, batch []*message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.log.Error("panic while processing", zap.Any("panic", r))
+			err = &panicked{v: r}
+		}
+	}()
+	if err := w.process(ctx, batch); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("processing stopped: %w", ctx.Err())
+	}
+	return nil
+}
