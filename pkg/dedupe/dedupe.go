@@ -37,6 +37,7 @@ func Open(redisURL, prefix string, ttl time.Duration) (*Cache, error) {
 	opts.ReadTimeout = 300 * time.Millisecond
 	opts.WriteTimeout = 300 * time.Millisecond
 	opts.MaxRetries = 0
+	opts.DialerRetries = 1
 	opts.ContextTimeoutEnabled = true
 	return &Cache{rdb: redis.NewClient(opts), prefix: prefix + "processed:", ttl: ttl}, nil
 }

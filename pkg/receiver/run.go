@@ -5,8 +5,8 @@ import (
 	"errors"
 	"sync"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
 	"github.com/idempotent-events/idempotent-events/pkg/broker"

@@ -1,0 +1,261 @@
+{{/*
+Helpers of the idempotent-events chart. Every name is prefixed with
+"idempotent-events." so it cannot clash with a subchart's helpers.
+*/}}
+
+{{/* Chart name, overridable. */}}
+{{- define "idempotent-events.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Full name prefix of every object: <release>-<chart>, or the release name when
+it already contains the chart name. Kept at 50 characters so that suffixes
+such as "-worker-metrics" stay within the 63-character DNS label limit.
+*/}}
+{{- define "idempotent-events.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "idempotent-events.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels that select this release's pods; add app.kubernetes.io/component per component. */}}
+{{- define "idempotent-events.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "idempotent-events.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels of every object of this chart. */}}
+{{- define "idempotent-events.labels" -}}
+helm.sh/chart: {{ include "idempotent-events.chart" . }}
+{{ include "idempotent-events.selectorLabels" . }}
+app.kubernetes.io/version: {{ include "idempotent-events.imageTag" . | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: idempotent-events
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Labels of a component's objects: call with (dict "ctx" $ "component" "receiver"). */}}
+{{- define "idempotent-events.componentLabels" -}}
+{{ include "idempotent-events.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Selector labels of a component's pods: call with (dict "ctx" $ "component" "receiver"). */}}
+{{- define "idempotent-events.componentSelectorLabels" -}}
+{{ include "idempotent-events.selectorLabels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "idempotent-events.imageTag" -}}
+{{- default .Chart.AppVersion .Values.image.tag -}}
+{{- end -}}
+
+{{/* The image reference; a digest wins over the tag. */}}
+{{- define "idempotent-events.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (include "idempotent-events.imageTag" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "idempotent-events.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "idempotent-events.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Name of a bundled subchart's objects (the subcharts use <release>-<name> or their fullnameOverride). */}}
+{{- define "idempotent-events.subchartFullname" -}}
+{{- $sub := index .ctx.Values .name -}}
+{{- default (printf "%s-%s" .ctx.Release.Name .name) $sub.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Where a connection URL comes from, as a secretKeyRef body (name + key):
+the bundled subchart's Secret (key "url") when it is enabled, else the
+external existingSecret, else the chart's own Secret (external url value).
+Call with (dict "ctx" $ "sub" "rabbitmq" "ext" .Values.externalRabbitmq "env" "AMQP_URL").
+*/}}
+{{- define "idempotent-events.urlSecretRef" -}}
+{{- $sub := index .ctx.Values .sub -}}
+{{- if $sub.enabled -}}
+name: {{ include "idempotent-events.subchartFullname" (dict "ctx" .ctx "name" .sub) }}
+key: url
+{{- else if .ext.existingSecret -}}
+name: {{ .ext.existingSecret }}
+key: {{ .ext.existingSecretKey }}
+{{- else if .ext.url -}}
+name: {{ include "idempotent-events.fullname" .ctx }}
+key: {{ .env }}
+{{- else -}}
+{{- fail (printf "%s: enable the bundled %s subchart (%s.enabled=true) or set the external service's url or existingSecret" .env .sub .sub) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "idempotent-events.amqpSecretRef" -}}
+{{- include "idempotent-events.urlSecretRef" (dict "ctx" . "sub" "rabbitmq" "ext" .Values.externalRabbitmq "env" "AMQP_URL") -}}
+{{- end -}}
+
+{{- define "idempotent-events.redisSecretRef" -}}
+{{- include "idempotent-events.urlSecretRef" (dict "ctx" . "sub" "redis" "ext" .Values.externalRedis "env" "REDIS_URL") -}}
+{{- end -}}
+
+{{- define "idempotent-events.databaseSecretRef" -}}
+{{- include "idempotent-events.urlSecretRef" (dict "ctx" . "sub" "postgresql" "ext" .Values.externalDatabase "env" "DATABASE_URL") -}}
+{{- end -}}
+
+{{- define "idempotent-events.webhookSecretRef" -}}
+{{- if .Values.webhook.existingSecret -}}
+name: {{ .Values.webhook.existingSecret }}
+key: {{ .Values.webhook.existingSecretKey }}
+{{- else -}}
+name: {{ include "idempotent-events.fullname" . }}
+key: WEBHOOK_SECRETS
+{{- end -}}
+{{- end -}}
+
+{{/* True ("true") when the chart's own Secret has at least one key to hold. */}}
+{{- define "idempotent-events.ownSecretNeeded" -}}
+{{- if or (not .Values.webhook.existingSecret)
+          (and (not .Values.rabbitmq.enabled) (not .Values.externalRabbitmq.existingSecret))
+          (and (not .Values.redis.enabled) (not .Values.externalRedis.existingSecret))
+          (and (not .Values.postgresql.enabled) (not .Values.externalDatabase.existingSecret)) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* WEBHOOK_SECRETS: the value, else the one already stored, else a new one (kept on upgrades). */}}
+{{- define "idempotent-events.webhookSecrets" -}}
+{{- if .Values.webhook.secrets -}}
+{{- .Values.webhook.secrets -}}
+{{- else -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "idempotent-events.fullname" .) -}}
+{{- if and $existing (hasKey (default dict $existing.data) "WEBHOOK_SECRETS") -}}
+{{- index $existing.data "WEBHOOK_SECRETS" | b64dec -}}
+{{- else -}}
+{{- printf "whsec_%s" (randAlphaNum 32) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Environment variables of the three connection URLs. */}}
+{{- define "idempotent-events.connectionEnv" -}}
+- name: AMQP_URL
+  valueFrom:
+    secretKeyRef:
+      {{- include "idempotent-events.amqpSecretRef" . | nindent 6 }}
+- name: REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      {{- include "idempotent-events.redisSecretRef" . | nindent 6 }}
+- name: DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      {{- include "idempotent-events.databaseSecretRef" . | nindent 6 }}
+{{- end -}}
+
+{{/*
+terminationGracePeriodSeconds of a component: preStop sleep + SHUTDOWN_TIMEOUT
++ margin, computed from the same values that set SHUTDOWN_TIMEOUT and the
+preStop hook, so they cannot drift apart. Call with the component's values.
+*/}}
+{{- define "idempotent-events.terminationGracePeriodSeconds" -}}
+{{- add .shutdown.preStopSleepSeconds .shutdown.timeoutSeconds .shutdown.graceMarginSeconds -}}
+{{- end -}}
+
+{{/*
+True ("true") when the migration Job is a pre-install/pre-upgrade hook. The
+exception is the first install with the bundled PostgreSQL: a pre-install hook
+would wait for a database that is only created after the hooks, so then the Job
+is an ordinary object and the pods' `migrate wait` init containers hold them.
+*/}}
+{{- define "idempotent-events.migration.isHook" -}}
+{{- if not (and .Values.postgresql.enabled .Release.IsInstall) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* Name of the Secret the migration Job reads DATABASE_URL from, as a secretKeyRef body. */}}
+{{- define "idempotent-events.migration.databaseSecretRef" -}}
+{{- if and (include "idempotent-events.migration.isHook" .) (not .Values.postgresql.enabled) (not .Values.externalDatabase.existingSecret) -}}
+{{/* The chart's own Secret does not exist yet during pre-install: use the hook's copy. */}}
+name: {{ include "idempotent-events.fullname" . }}-migration
+key: DATABASE_URL
+{{- else -}}
+{{ include "idempotent-events.databaseSecretRef" . }}
+{{- end -}}
+{{- end -}}
+
+{{/* The init container that holds a pod until the schema has no pending migration. */}}
+{{- define "idempotent-events.waitForSchema" -}}
+- name: wait-for-schema
+  image: {{ include "idempotent-events.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: ["/usr/local/bin/migrate", "wait"]
+  env:
+    - name: LOG_LEVEL
+      value: {{ .Values.config.logLevel | quote }}
+    - name: LOG_FORMAT
+      value: {{ .Values.config.logFormat | quote }}
+    - name: MIGRATE_WAIT_TIMEOUT
+      value: {{ .Values.migration.waitTimeout | quote }}
+    - name: DATABASE_URL
+      valueFrom:
+        secretKeyRef:
+          {{- include "idempotent-events.databaseSecretRef" . | nindent 10 }}
+  resources:
+    {{- toYaml .Values.migration.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+{{- end -}}
+
+{{/* Pod annotations that roll the pods when their configuration changes. */}}
+{{- define "idempotent-events.configChecksums" -}}
+checksum/config: {{ include (print .Template.BasePath "/config/configmap.yaml") . | sha256sum }}
+checksum/secret: {{ include (print .Template.BasePath "/config/secret.yaml") . | sha256sum }}
+{{- end -}}
+
+{{/* PodDisruptionBudget spec body from {enabled, minAvailable, maxUnavailable}. */}}
+{{- define "idempotent-events.pdbBudget" -}}
+{{- if not (kindIs "invalid" .minAvailable) -}}
+minAvailable: {{ .minAvailable }}
+{{- else -}}
+maxUnavailable: {{ .maxUnavailable }}
+{{- end -}}
+{{- end -}}
+
+{{/* The checks that values.schema.json cannot express. */}}
+{{- define "idempotent-events.validate" -}}
+{{- $a := .Values.worker.autoscaling -}}
+{{- if $a.enabled -}}
+{{- if gt (int $a.minReplicas) (int $a.maxReplicas) -}}
+{{- fail "worker.autoscaling.minReplicas must not be greater than maxReplicas" -}}
+{{- end -}}
+{{- if and (eq $a.mode "hpa") (lt (int $a.minReplicas) 1) -}}
+{{- fail "worker.autoscaling.minReplicas must be at least 1 in hpa mode (scaling to zero needs mode keda)" -}}
+{{- end -}}
+{{- if and (eq $a.mode "keda") (not (.Capabilities.APIVersions.Has "keda.sh/v1alpha1")) -}}
+{{- fail "worker.autoscaling.mode=keda needs KEDA installed (the cluster does not serve keda.sh/v1alpha1); with helm template pass --api-versions keda.sh/v1alpha1" -}}
+{{- end -}}
+{{- if and (eq $a.mode "keda") (eq $a.keda.protocol "http") (not .Values.rabbitmq.enabled) (not $a.keda.managementUrlSecret.name) -}}
+{{- fail "worker.autoscaling.keda.protocol=http needs worker.autoscaling.keda.managementUrlSecret.name (or the bundled rabbitmq)" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
