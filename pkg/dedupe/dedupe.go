@@ -93,3 +93,11 @@ func (c *Cache) MarkCommitted(ctx context.Context, ids []string) error {
 	}
 	return nil
 }
+
+// quiet drops go-redis's own log lines: every Redis failure the pipeline
+// cares about is returned to it, counted and logged once by the caller.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+func init() { redis.SetLogger(quiet{}) }

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -263,37 +264,62 @@ func TestBrokerDownAnswers503UntilItIsBack(t *testing.T) {
 	assert.Equal(t, 1, f.broker.Depth(broker.MainQueue), "exactly the accepted request was published")
 }
 
-// A connection cut while publishes wait for their confirms: every request
+// Connections cut while publishes wait for their confirms: every request
 // that got 202 has its message in the queue.
 func TestNo2xxWithoutConfirmWhenTheConnectionIsCut(t *testing.T) {
 	t.Parallel()
 	f := start(t, setup{viaProxy: true})
-	var accepted sync.Map
+	var (
+		mu       sync.Mutex
+		accepted []string
+		refused  int
+		seq      atomic.Int64
+		stop     = make(chan struct{})
+	)
 	var wg sync.WaitGroup
-	for i := 0; i < 200; i++ {
+	for g := 0; g < 16; g++ {
 		wg.Go(func() {
-			id := fmt.Sprintf("evt_cut_%03d", i)
-			body := sample(t, id)
-			if f.post(t, body, signed(body)).code == http.StatusAccepted {
-				accepted.Store(id, true)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := fmt.Sprintf("evt_cut_%05d", seq.Add(1))
+				body := sample(t, id)
+				code := f.post(t, body, signed(body)).code
+				mu.Lock()
+				switch code {
+				case http.StatusAccepted:
+					accepted = append(accepted, id)
+				case http.StatusServiceUnavailable:
+					refused++
+				default:
+					t.Errorf("unexpected answer %d", code)
+				}
+				mu.Unlock()
 			}
 		})
-		if i == 100 {
-			f.proxy.Cut()
-		}
 	}
+	count := func() (int, int) { mu.Lock(); defer mu.Unlock(); return len(accepted), refused }
+	for cut := 0; cut < 3; cut++ {
+		base, _ := count()
+		require.Eventually(t, func() bool { n, _ := count(); return n > base+50 }, 15*time.Second, 5*time.Millisecond)
+		f.proxy.Cut()
+	}
+	before, _ := count()
+	require.Eventually(t, func() bool { n, _ := count(); return n > before+50 }, 15*time.Second, 5*time.Millisecond)
+	close(stop)
 	wg.Wait()
+
 	inQueue := map[string]bool{}
 	for _, d := range f.broker.Drain(broker.MainQueue) {
 		inQueue[d.MessageId] = true
 	}
-	n := 0
-	accepted.Range(func(k, _ any) bool {
-		n++
-		assert.True(t, inQueue[k.(string)], "event %s was answered 202 but is not in the queue", k)
-		return true
-	})
-	t.Logf("accepted %d of 200 across the cut; %d messages in the queue", n, len(inQueue))
+	for _, id := range accepted {
+		assert.True(t, inQueue[id], "event %s was answered 202 but is not in the queue", id)
+	}
+	t.Logf("3 cuts: %d answered 202, %d answered 503, %d messages in the queue", len(accepted), refused, len(inQueue))
 }
 
 func TestUnroutableEventAnswers503(t *testing.T) {

@@ -259,3 +259,22 @@ maxUnavailable: {{ .maxUnavailable }}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+prometheus-adapter externalRules serving the worker HPA's External metric:
+the series' namespace label maps to the HPA's namespace, and the HPA's
+metricSelector (queue=events.main) becomes a label matcher.
+*/}}
+{{- define "idempotent-events.prometheusAdapterRules" -}}
+{{- $a := .Values.worker.autoscaling -}}
+externalRules:
+  - seriesQuery: '{{ $a.hpa.prometheusAdapter.seriesName }}{queue!=""}'
+    resources:
+      overrides:
+        namespace:
+          resource: namespace
+    name:
+      matches: '^{{ $a.hpa.prometheusAdapter.seriesName }}$'
+      as: {{ $a.hpa.metricName | quote }}
+    metricsQuery: '{{ $a.hpa.prometheusAdapter.aggregation }}(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)'
+{{- end -}}

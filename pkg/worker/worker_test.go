@@ -1,0 +1,374 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idempotent-events/idempotent-events/pkg/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/faultproxy"
+	"github.com/idempotent-events/idempotent-events/pkg/testenv"
+	"github.com/idempotent-events/idempotent-events/pkg/worker"
+)
+
+// The same event delivered 5 times at once to 2 workers: one payment row,
+// four duplicates acked. Run batched and in the seed's one-at-a-time shape.
+func TestSameEventFiveTimesToTwoWorkers(t *testing.T) {
+	t.Parallel()
+	shapes := map[string][]option{
+		"batched":         {batched(16, 20*time.Millisecond), prefetch(64), concurrency(4)},
+		"one-at-a-time":   {batched(1, 0), prefetch(1), concurrency(1)},
+		"prefetch-spread": {batched(1, 0), prefetch(2), concurrency(2)},
+	}
+	for name, opts := range shapes {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, broker.QueueClassic)
+			a, b := e.start(opts...), e.start(opts...)
+			body := e.event("evt_five")
+			var wg sync.WaitGroup
+			for i := 0; i < 5; i++ {
+				wg.Go(func() { e.publish(body) })
+			}
+			wg.Wait()
+			settled := func() float64 {
+				return a.outcomes("processed") + a.outcomes("duplicate") + b.outcomes("processed") + b.outcomes("duplicate")
+			}
+			eventually(t, func() bool { return settled() == 5 }, "all five deliveries settled")
+			a.stop(t)
+			b.stop(t)
+
+			assert.Equal(t, 1.0, a.outcomes("processed")+b.outcomes("processed"))
+			assert.Equal(t, 4.0, a.outcomes("duplicate")+b.outcomes("duplicate"))
+			payments, ledger := e.rows("evt_five")
+			assert.Equal(t, 1, payments)
+			assert.Equal(t, 1, ledger)
+			assert.Equal(t, 0, e.broker.Depth(broker.MainQueue), "every delivery was acked")
+			e.invariant()
+		})
+	}
+}
+
+// A worker that commits and then dies before acking: the redelivery is
+// recognised as a duplicate by Postgres, and there is one row.
+func TestCommitThenDeathBeforeAckIsADuplicateOnRedelivery(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	var died atomic.Bool
+	a := e.start(batched(1, 0), hooks(worker.Hooks{AfterCommit: func([]string) error {
+		if died.CompareAndSwap(false, true) {
+			return errors.New("killed after COMMIT, before ack")
+		}
+		return nil
+	}}))
+	e.publish(e.event("evt_commit_die"))
+	eventually(t, died.Load, "the worker reached COMMIT")
+	a.stop(t)
+	payments, _ := e.rows("evt_commit_die")
+	require.Equal(t, 1, payments, "the transaction committed before the death")
+	require.Equal(t, 1, e.broker.Depth(broker.MainQueue), "the unacked message is back in the queue")
+
+	b := e.start()
+	eventually(t, func() bool { return b.outcomes("duplicate") == 1 }, "the redelivery is a duplicate")
+	b.stop(t)
+	assert.Equal(t, 1.0, b.count("idempotent_events_worker_duplicates_total", "layer", "postgres"))
+	assert.Zero(t, b.outcomes("processed"))
+	payments, ledger := e.rows("evt_commit_die")
+	assert.Equal(t, 1, payments)
+	assert.Equal(t, 1, ledger)
+	assert.Equal(t, 0, e.broker.Depth(broker.MainQueue))
+}
+
+// A worker killed after the Redis step and before COMMIT: the event is still
+// processed on redelivery. Redis was never told anything before COMMIT, so
+// nothing can make the redelivery look like a duplicate.
+func TestDeathBetweenRedisAndCommitLosesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	var died atomic.Bool
+	a := e.start(batched(1, 0), hooks(worker.Hooks{AfterDedupeCheck: func([]string) error {
+		if died.CompareAndSwap(false, true) {
+			return errors.New("killed between the Redis check and COMMIT")
+		}
+		return nil
+	}}))
+	e.publish(e.event("evt_redis_die"))
+	eventually(t, died.Load, "the worker passed the Redis step")
+	a.stop(t)
+	payments, _ := e.rows("evt_redis_die")
+	require.Zero(t, payments, "nothing committed before the death")
+
+	b := e.start()
+	eventually(t, func() bool { return b.outcomes("processed") == 1 }, "the redelivery is processed")
+	b.stop(t)
+	payments, ledger := e.rows("evt_redis_die")
+	assert.Equal(t, 1, payments)
+	assert.Equal(t, 1, ledger)
+}
+
+// The seed's design marks the event in Redis (SET NX) before processing.
+// Dying between that SET and COMMIT loses the event: the redelivery sees the
+// key and is acked as a "duplicate" of an event that never took effect. This
+// runs that algorithm against the same Redis to show the loss our worker
+// does not have.
+func TestSeedDesignLosesTheEventInTheSameScenario(t *testing.T) {
+	t.Parallel()
+	prefix := testenv.RedisPrefix(t)
+	opts, err := redis.ParseURL(testenv.RedisURL)
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	ctx := context.Background()
+	committed := map[string]bool{}
+	seedHandle := func(id string, die bool) (acked bool) {
+		first, err := rdb.SetNX(ctx, prefix+id, "1", time.Hour).Result()
+		require.NoError(t, err)
+		if !first {
+			return true // "duplicate": ack and skip
+		}
+		if die {
+			return false // killed before COMMIT: no ack, the broker redelivers
+		}
+		committed[id] = true
+		return true
+	}
+	require.False(t, seedHandle("evt_seed", true))
+	require.True(t, seedHandle("evt_seed", false), "the redelivery is acked")
+	assert.False(t, committed["evt_seed"], "the seed acked an event whose effect never committed: lost")
+}
+
+func TestRedisFlushedDuplicatesAreStillCaughtByPostgres(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	w := e.start()
+	e.publish(e.event("evt_flush"))
+	eventually(t, func() bool { return w.outcomes("processed") == 1 }, "processed")
+
+	e.publish(e.event("evt_flush"))
+	eventually(t, func() bool { return w.count("idempotent_events_worker_duplicates_total", "layer", "redis") == 1 }, "redis knows it")
+
+	require.NoError(t, testenv.DeleteKeys(testenv.RedisURL, e.prefix)) // this test's FLUSHALL
+	e.publish(e.event("evt_flush"))
+	e.publish(e.event("evt_after_flush"))
+	eventually(t, func() bool { return w.count("idempotent_events_worker_duplicates_total", "layer", "postgres") == 1 }, "postgres catches it")
+	eventually(t, func() bool { return w.outcomes("processed") == 2 }, "a new event is still processed")
+	w.stop(t)
+	payments, _ := e.rows("evt_flush")
+	assert.Equal(t, 1, payments)
+	payments, _ = e.rows("evt_after_flush")
+	assert.Equal(t, 1, payments)
+}
+
+func TestRedisUnreachableDegradesToPostgres(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	w := e.start(redisURL("redis://127.0.0.1:1/0"))
+	e.publish(e.event("evt_noredis"))
+	eventually(t, func() bool { return w.outcomes("processed") == 1 }, "processed without Redis")
+	e.publish(e.event("evt_noredis"))
+	eventually(t, func() bool { return w.outcomes("duplicate") == 1 }, "duplicate caught without Redis")
+	w.stop(t)
+	assert.Equal(t, 1.0, w.count("idempotent_events_worker_duplicates_total", "layer", "postgres"))
+	assert.GreaterOrEqual(t, w.count("idempotent_events_worker_redis_lookups_total", "result", "error"), 2.0)
+	payments, _ := e.rows("evt_noredis")
+	assert.Equal(t, 1, payments)
+}
+
+// Postgres refuses connections for a while: the event waits in the retry
+// tiers and is processed once Postgres is back. Nothing reaches the DLQ.
+func TestPostgresOutageRetriesThenProcesses(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic, 300*time.Millisecond, 600*time.Millisecond, time.Second, 2*time.Second, 4*time.Second)
+	proxy, err := faultproxy.Start("127.0.0.1:5432")
+	require.NoError(t, err)
+	t.Cleanup(proxy.Close)
+	proxy.SetDown(true)
+	w := e.start(databaseURL(testenv.ReplaceHost(e.dbURL, proxy.Addr())))
+
+	e.publish(e.event("evt_pg_down"))
+	eventually(t, func() bool { return w.outcomes("retried") >= 2 }, "the event goes through retry tiers")
+	proxy.SetDown(false)
+	eventually(t, func() bool { return w.outcomes("processed") == 1 }, "processed once Postgres is back")
+	w.stop(t)
+	payments, ledger := e.rows("evt_pg_down")
+	assert.Equal(t, 1, payments)
+	assert.Equal(t, 1, ledger)
+	assert.Zero(t, w.outcomes("dead_lettered"))
+	assert.Equal(t, 0, e.broker.Depth(broker.DLQ))
+	var attempt int
+	require.NoError(t, e.store.Pool().QueryRow(context.Background(), "SELECT attempt FROM processed_events WHERE event_id='evt_pg_down'").Scan(&attempt))
+	assert.GreaterOrEqual(t, attempt, 3, "the committing attempt is recorded")
+}
+
+func TestAttemptsExhaustedGoToTheDLQWithTheirHistory(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic, 100*time.Millisecond, 100*time.Millisecond)
+	proxy, err := faultproxy.Start("127.0.0.1:5432")
+	require.NoError(t, err)
+	t.Cleanup(proxy.Close)
+	proxy.SetDown(true)
+	w := e.start(databaseURL(testenv.ReplaceHost(e.dbURL, proxy.Addr())))
+
+	e.publish(e.event("evt_exhausted"))
+	eventually(t, func() bool { return w.outcomes("dead_lettered") == 1 }, "dead-lettered after the last tier")
+	w.stop(t)
+	assert.Equal(t, 2.0, w.outcomes("retried"))
+	assert.Equal(t, 2.0, w.count("idempotent_events_worker_retries_total", "tier", "100ms"))
+
+	msgs := e.broker.Drain(broker.DLQ)
+	require.Len(t, msgs, 1)
+	h := msgs[0].Headers
+	assert.Equal(t, worker.ReasonRetriesExhausted, h[broker.HeaderDLQReason])
+	attempts, _ := broker.Int(h, broker.HeaderAttempt)
+	assert.Equal(t, int64(3), attempts)
+	assert.NotEmpty(t, h[broker.HeaderFirstError])
+	assert.NotEmpty(t, h[broker.HeaderLastError])
+	assert.NotEmpty(t, h[broker.HeaderFirstFailedAt])
+	assert.Equal(t, broker.Exchange, h[broker.HeaderOriginalExchange])
+	assert.Equal(t, broker.RoutingKey, h[broker.HeaderOriginalRoutingKey])
+	assert.Equal(t, "stripe", h[broker.HeaderSource], "original headers are kept")
+	assert.Equal(t, e.event("evt_exhausted")[:20], msgs[0].Body[:20])
+	assert.Equal(t, 0, e.broker.Depth(broker.MainQueue))
+	for _, q := range e.topo.RetryQueues() {
+		assert.Equal(t, 0, e.broker.Depth(q), q)
+	}
+}
+
+func TestPoisonMessagesGoToTheDLQAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	w := e.start()
+	e.publish([]byte(`not json at all`))
+	e.publish([]byte(`{"id":"evt_poison","type":"payment_intent.succeeded","data":{"payment_intent":"pi","currency":"usd","status":"ok"}}`))
+	eventually(t, func() bool { return w.outcomes("dead_lettered") == 2 }, "both dead-lettered")
+	w.stop(t)
+	assert.Zero(t, w.outcomes("retried"), "no retry for input that can never succeed")
+	assert.Equal(t, 2.0, w.count("idempotent_events_worker_dead_letters_total", "reason", worker.ReasonInvalidPayload))
+	msgs := e.broker.Drain(broker.DLQ)
+	require.Len(t, msgs, 2)
+	for _, m := range msgs {
+		assert.Equal(t, worker.ReasonInvalidPayload, m.Headers[broker.HeaderDLQReason])
+		attempts, _ := broker.Int(m.Headers, broker.HeaderAttempt)
+		assert.Equal(t, int64(1), attempts)
+	}
+	assert.Contains(t, msgs[1].Headers[broker.HeaderLastError], "data.amount_cents")
+}
+
+// One message Postgres rejects inside a batch: only it goes to the DLQ, its
+// neighbours are committed.
+func TestABadMessageDoesNotFailItsBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	_, err := e.store.Pool().Exec(context.Background(), `
+		CREATE FUNCTION reject_evt_bad() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.event_id = 'evt_bad' THEN
+				RAISE EXCEPTION 'payment rejected' USING ERRCODE = 'check_violation';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER reject_evt_bad BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION reject_evt_bad();`)
+	require.NoError(t, err)
+	ids := []string{"evt_ok_1", "evt_ok_2", "evt_bad", "evt_ok_3", "evt_ok_4"}
+	for _, id := range ids {
+		e.publish(e.event(id))
+	}
+	w := e.start(batched(16, 300*time.Millisecond), concurrency(1))
+	eventually(t, func() bool { return w.outcomes("processed")+w.outcomes("dead_lettered") == 5 }, "all settled")
+	w.stop(t)
+	assert.Equal(t, 4.0, w.outcomes("processed"))
+	assert.Equal(t, 1.0, w.count("idempotent_events_worker_dead_letters_total", "reason", worker.ReasonRejectedByDatabase))
+	for _, id := range ids {
+		payments, _ := e.rows(id)
+		if id == "evt_bad" {
+			assert.Zero(t, payments)
+		} else {
+			assert.Equal(t, 1, payments, id)
+		}
+	}
+	msgs := e.broker.Drain(broker.DLQ)
+	require.Len(t, msgs, 1)
+	assert.Contains(t, string(msgs[0].Body), "evt_bad")
+}
+
+// SIGTERM while busy: the consumer stops, deliveries already received are
+// finished and acked, the rest stay in the queue, Run returns nil.
+func TestGracefulShutdownFinishesInFlightWork(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	var started atomic.Int64
+	slow := hooks(worker.Hooks{AfterDedupeCheck: func(ids []string) error {
+		started.Add(int64(len(ids)))
+		time.Sleep(300 * time.Millisecond)
+		return nil
+	}})
+	const n = 40
+	for i := 0; i < n; i++ {
+		e.publish(e.event(fmt.Sprintf("evt_drain_%02d", i)))
+	}
+	w := e.start(slow, batched(1, 0), prefetch(4), concurrency(2), shutdownTimeout(15*time.Second))
+	eventually(t, func() bool { return started.Load() >= 2 }, "work in flight")
+	begin := time.Now()
+	w.stop(t)
+	t.Logf("drained in %s", time.Since(begin).Round(time.Millisecond))
+
+	processed := int(w.outcomes("processed"))
+	assert.Positive(t, processed)
+	assert.Less(t, processed, n, "consuming stopped before the queue was empty")
+	var ledger int
+	require.NoError(t, e.store.Pool().QueryRow(context.Background(), "SELECT count(*) FROM processed_events").Scan(&ledger))
+	assert.Equal(t, processed, ledger, "every committed event was acked as processed")
+	assert.Equal(t, n-processed, e.broker.Depth(broker.MainQueue), "nothing acked without being processed, nothing left unacked")
+}
+
+func TestQuorumQueuesWorkEndToEnd(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueQuorum, 200*time.Millisecond)
+	w := e.start()
+	e.publish(e.event("evt_quorum"))
+	e.publish(e.event("evt_quorum"))
+	e.publish([]byte(`{}`))
+	eventually(t, func() bool {
+		return w.outcomes("processed") == 1 && w.outcomes("duplicate") == 1 && w.outcomes("dead_lettered") == 1
+	}, "processed, duplicate and poison settled on quorum queues")
+	w.stop(t)
+	assert.Equal(t, 1, e.broker.Depth(broker.DLQ))
+}
+
+// After the broker connection is cut, the worker reconnects and keeps
+// consuming; deliveries in flight at the cut are redelivered, never lost.
+func TestWorkerReconnectsAfterTheConnectionIsCut(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	proxy, err := faultproxy.Start("127.0.0.1:5672")
+	require.NoError(t, err)
+	t.Cleanup(proxy.Close)
+	amqpURL := e.amqpURL
+	e.amqpURL = testenv.ReplaceHost(amqpURL, proxy.Addr())
+	w := e.start()
+	e.amqpURL = amqpURL
+
+	for i := 0; i < 50; i++ {
+		e.publish(e.event(fmt.Sprintf("evt_reconnect_%02d", i)))
+	}
+	proxy.Cut()
+	for i := 50; i < 100; i++ {
+		e.publish(e.event(fmt.Sprintf("evt_reconnect_%02d", i)))
+	}
+	eventually(t, func() bool { return w.outcomes("processed") == 100 }, "all 100 processed across the cut")
+	w.stop(t)
+	assert.GreaterOrEqual(t, w.count("idempotent_events_worker_broker_connections_total"), 2.0, "it reconnected")
+	var ledger int
+	require.NoError(t, e.store.Pool().QueryRow(context.Background(), "SELECT count(*) FROM payments").Scan(&ledger))
+	assert.Equal(t, 100, ledger)
+	assert.Equal(t, 0, e.broker.Depth(broker.MainQueue))
+	e.invariant()
+}
