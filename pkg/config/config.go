@@ -124,6 +124,9 @@ type Migrate struct {
 	Logging
 	DatabaseURL string        `envconfig:"DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/idempotent_events?sslmode=disable" sensitive:"true"`
 	LockTimeout time.Duration `envconfig:"MIGRATE_LOCK_TIMEOUT" default:"5m"`
+	// WaitTimeout bounds `migrate wait`, which init containers use to hold a
+	// pod until the schema is current.
+	WaitTimeout time.Duration `envconfig:"MIGRATE_WAIT_TIMEOUT" default:"5m"`
 }
 
 // Validator is a configuration that can check itself.

@@ -141,5 +141,6 @@ func (c *Migrate) Validate() error {
 	c.Logging.validate(&p)
 	validateDatabaseURL(&p, c.DatabaseURL)
 	checkPositive(&p, "MIGRATE_LOCK_TIMEOUT", c.LockTimeout)
+	checkPositive(&p, "MIGRATE_WAIT_TIMEOUT", c.WaitTimeout)
 	return p.err()
 }

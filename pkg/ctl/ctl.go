@@ -1,5 +1,5 @@
 // Package ctl implements eventsctl, the operator's command line: signing
-// and sending test events to a receiver. Every command writes to the given
+// and sending test events to a receiver, and checking they took effect once. Every command writes to the given
 // writers and returns an exit status, so it can be tested in-process.
 package ctl
 
@@ -27,6 +27,7 @@ const usage = `eventsctl: operate idempotent-events
 usage:
   eventsctl send [flags]   sign a sample (or given) event and POST it to the receiver
   eventsctl sign [flags]   print the Stripe-Signature header for a body
+  eventsctl verify [flags] wait until an event has exactly its expected rows
 
 Run "eventsctl <command> -h" for the flags of a command.
 `
@@ -43,6 +44,8 @@ func Main(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, 
 		return send(ctx, args[1:], env, stdin, stdout, stderr)
 	case "sign":
 		return sign(args[1:], env, stdin, stdout, stderr)
+	case "verify":
+		return verify(ctx, args[1:], env, stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

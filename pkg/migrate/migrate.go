@@ -90,6 +90,27 @@ func Pending(ctx context.Context, databaseURL string) (bool, error) {
 	return p.HasPending(ctx)
 }
 
+// Wait polls until the database exists and has no pending migration, or
+// ctx is done. It is what receiver and worker pods run before starting, so
+// they never run against an old schema.
+func Wait(ctx context.Context, databaseURL string, every time.Duration, progress func(error)) error {
+	for {
+		pending, err := Pending(ctx, databaseURL)
+		if err == nil && !pending {
+			return nil
+		}
+		if err == nil {
+			err = errors.New("migrations pending")
+		}
+		progress(err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("schema not current: %w (last: %v)", ctx.Err(), err)
+		case <-time.After(every):
+		}
+	}
+}
+
 func openDB(databaseURL string) (*sql.DB, error) {
 	cfg, err := pgx.ParseConfig(databaseURL)
 	if err != nil {

@@ -168,10 +168,11 @@ func (h *Handler) payment(w http.ResponseWriter, r *http.Request) {
 	if h.opts.Verifier != nil {
 		idx, err := h.opts.Verifier.Verify(r.Header.Get(webhook.StripeHeader), body)
 		if err != nil {
-			reason := webhook.ReasonOf(err)
-			h.m.signatureFailures.WithLabelValues(string(reason)).Inc()
-			h.log.Info("webhook rejected: signature", zap.String("reason", string(reason)), zap.String("remote", r.RemoteAddr))
-			h.respond(w, http.StatusUnauthorized, answer{Error: string(reason), Message: err.Error()})
+			var verr *webhook.Error
+			errors.As(err, &verr)
+			h.m.signatureFailures.WithLabelValues(string(verr.Reason)).Inc()
+			h.log.Info("webhook rejected: signature", zap.String("reason", string(verr.Reason)), zap.String("remote", r.RemoteAddr))
+			h.respond(w, http.StatusUnauthorized, answer{Error: string(verr.Reason), Message: verr.Detail})
 			return
 		}
 		h.m.secretMatches.WithLabelValues(strconv.Itoa(idx)).Inc()

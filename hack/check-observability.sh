@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Offline checks of the operator-facing observability artifacts:
+#   charts/idempotent-events/rules/idempotent-events.rules.yaml  (alert rules)
+#   hack/rules-test/*.yaml                                       (their unit tests)
+#   charts/idempotent-events/dashboards/*.json                   (Grafana dashboards)
+#   docs/runbook.md                                              (one section per alert)
+#
+# 1. Builds promtool into bin/ from the pinned tools module hack/tools/promtool
+#    when bin/promtool is missing or was built from other go.mod/go.sum
+#    (a cold build takes about 4-6 minutes and 1.8 GB of module cache).
+# 2. promtool check rules, then promtool test rules.
+# 3. Every alert has a severity label, summary/description/runbook_url
+#    annotations, a runbook section matching its runbook_url anchor, and at
+#    least one firing and one non-firing unit test.
+# 4. Builds hack/dashboardcheck and runs it: JSON structure, datasource
+#    variable, queries, metric names against hack/dashboardcheck/metrics.txt
+#    (dashboards and the rule file), strict grafana-foundation-sdk decoding.
+#
+# Exits non-zero if any check fails; every check runs either way.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BIN=${BIN:-$ROOT/bin}
+GO=${GO:-go}
+export GOWORK=off GOFLAGS="${GOFLAGS:-} -buildvcs=false"
+
+RULES=charts/idempotent-events/rules/idempotent-events.rules.yaml
+RUNBOOK=docs/runbook.md
+TOOLS=hack/tools/promtool
+shopt -s nullglob
+TESTS=(hack/rules-test/*.yaml)
+DASHBOARDS=(charts/idempotent-events/dashboards/*.json)
+shopt -u nullglob
+
+passed=0
+failed=0
+step() { printf '\n==> %s\n' "$*"; }
+ok() { printf 'ok: %s\n' "$*"; passed=$((passed + 1)); }
+fail() { printf 'FAIL: %s\n' "$*"; failed=$((failed + 1)); }
+
+mkdir -p "$BIN"
+
+# --- 1. promtool ------------------------------------------------------------
+step "promtool ($TOOLS)"
+prom_version=$(awk '$1 == "github.com/prometheus/prometheus" { print $2 }' "$TOOLS/go.mod")
+stamp=$(cat "$TOOLS/go.mod" "$TOOLS/go.sum" | sha256sum | cut -c1-16)
+have_promtool=false
+if [[ -x $BIN/promtool && -f $BIN/promtool.stamp && $(cat "$BIN/promtool.stamp") == "$stamp" ]]; then
+	echo "bin/promtool is up to date (prometheus $prom_version, go.mod/go.sum $stamp)"
+	have_promtool=true
+else
+	echo "building bin/promtool from prometheus $prom_version (go.mod/go.sum $stamp); a cold build takes minutes"
+	start=$SECONDS
+	if (cd "$TOOLS" && $GO build -trimpath \
+		-ldflags "-X github.com/prometheus/common/version.Version=${prom_version#v}" \
+		-o "$BIN/promtool" github.com/prometheus/prometheus/cmd/promtool); then
+		echo "$stamp" >"$BIN/promtool.stamp"
+		echo "built in $((SECONDS - start)) s"
+		have_promtool=true
+	else
+		rm -f "$BIN/promtool.stamp"
+		fail "building promtool"
+	fi
+fi
+
+# --- 2. promtool check rules / test rules -----------------------------------
+step "promtool check rules $RULES"
+if $have_promtool; then
+	if "$BIN/promtool" check rules "$RULES"; then
+		ok "promtool check rules"
+	else
+		fail "promtool check rules"
+	fi
+else
+	fail "promtool check rules: no promtool"
+fi
+
+step "promtool test rules (${#TESTS[@]} files)"
+if ((${#TESTS[@]} == 0)); then
+	fail "no rule unit tests in hack/rules-test"
+elif $have_promtool; then
+	# Count what is tested, so the log says more than SUCCESS.
+	groups=$(cat "${TESTS[@]}" | grep -Ec '^  - name:')
+	cases=$(cat "${TESTS[@]}" | grep -Ec '^ +- eval_time:')
+	if "$BIN/promtool" test rules "${TESTS[@]}"; then
+		ok "promtool test rules: $groups tests, $cases alert evaluations"
+	else
+		fail "promtool test rules"
+	fi
+else
+	fail "promtool test rules: no promtool"
+fi
+
+# --- 3. alert metadata, runbook sections, test coverage ---------------------
+step "alert metadata, runbook sections and test coverage"
+# GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes.
+anchors=$(sed -n 's/^#\{1,6\} \{1,\}//p' "$RUNBOOK" 2>/dev/null |
+	tr '[:upper:]' '[:lower:]' | sed 's/[^a-z0-9 _-]//g; s/ /-/g')
+# Per alert: name, whether it has each required field, its runbook anchor.
+alerts=$(awk '
+	function flush() {
+		if (name != "") print name, sev, sum, desc, (anchor == "" ? "-" : anchor)
+	}
+	/^ *- alert: / { flush(); name = $3; sev = sum = desc = 0; anchor = "" ; next }
+	/^ *severity: /    { sev = 1 }
+	/^ *summary: /     { sum = 1 }
+	/^ *description: / { desc = 1 }
+	/^ *runbook_url: / { n = split($2, parts, "#"); anchor = (n == 2 && parts[1] ~ /docs\/runbook\.md$/) ? parts[2] : "" }
+	END { flush() }
+' "$RULES")
+# Per alert in the tests: F when a case expects it firing, Q when quiet.
+covered=$(awk '
+	/alertname: / { name = $NF }
+	/exp_alerts: *\[\]/ { print name, "Q"; next }
+	/exp_alerts: *$/ { print name, "F" }
+' "${TESTS[@]}" | sort -u)
+n_alerts=0
+meta_ok=true
+while read -r name sev sum desc anchor; do
+	[[ -z $name ]] && continue
+	n_alerts=$((n_alerts + 1))
+	problems=()
+	[[ $sev == 1 ]] || problems+=("no severity label")
+	[[ $sum == 1 ]] || problems+=("no summary annotation")
+	[[ $desc == 1 ]] || problems+=("no description annotation")
+	if [[ $anchor == - ]]; then
+		problems+=("runbook_url does not point to docs/runbook.md#<anchor>")
+	elif ! grep -qxF -- "$anchor" <<<"$anchors"; then
+		problems+=("$RUNBOOK has no section with anchor #$anchor")
+	fi
+	grep -qxF "$name F" <<<"$covered" || problems+=("no unit test where it fires")
+	grep -qxF "$name Q" <<<"$covered" || problems+=("no unit test where it stays quiet")
+	if ((${#problems[@]})); then
+		meta_ok=false
+		printf '  %s: %s\n' "$name" "$(IFS=';'; echo "${problems[*]}")"
+	fi
+done <<<"$alerts"
+if ((n_alerts == 0)); then
+	fail "no alerts found in $RULES"
+elif $meta_ok; then
+	ok "$n_alerts alerts: severity, summary, description, runbook section, firing and quiet tests"
+else
+	fail "alert metadata / runbook / test coverage"
+fi
+
+# --- 4. dashboards ----------------------------------------------------------
+step "dashboards (${#DASHBOARDS[@]} files) and metric names"
+if ((${#DASHBOARDS[@]} == 0)); then
+	fail "no dashboards in charts/idempotent-events/dashboards"
+elif (cd hack/dashboardcheck && $GO build -o "$BIN/dashboardcheck" .); then
+	if "$BIN/dashboardcheck" -metrics hack/dashboardcheck/metrics.txt -names "$RULES" "${DASHBOARDS[@]}"; then
+		ok "dashboards and metric names"
+	else
+		fail "dashboards and metric names"
+	fi
+else
+	fail "building hack/dashboardcheck"
+fi
+
+echo
+echo "observability: $passed passed, $failed failed"
+((failed == 0))
