@@ -11,6 +11,7 @@ require (
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
 	github.com/stripe/stripe-go/v82 v82.5.1
+	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.28.0
 )
 

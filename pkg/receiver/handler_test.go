@@ -35,6 +35,9 @@ import (
 
 const secret = "whsec_test_secret"
 
+// client keeps no idle connections, so no goroutine outlives a request.
+var client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
 var topo = broker.Topology{QueueType: broker.QueueClassic, RetryDelays: []time.Duration{time.Second}, DeliveryLimit: 100}
 
 type fixture struct {
@@ -134,7 +137,7 @@ func (f *fixture) post(t *testing.T, body []byte, header map[string]string) resp
 	for k, v := range header {
 		req.Header.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
@@ -237,7 +240,7 @@ func TestBadInputIsRejectedAndNothingIsPublished(t *testing.T) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(webhook.StripeHeader, webhook.SignStripe(secret, now, huge))
 	req.ContentLength = -1
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
@@ -407,12 +410,12 @@ func TestHealthEndpoints(t *testing.T) {
 	t.Parallel()
 	f := start(t, setup{})
 	for path, want := range map[string]int{"/health": 200, "/livez": 200, "/readyz": 200} {
-		resp, err := http.Get(f.url + path)
+		resp, err := client.Get(f.url + path)
 		require.NoError(t, err)
 		resp.Body.Close()
 		assert.Equal(t, want, resp.StatusCode, path)
 	}
-	resp, err := http.Get(f.url + "/health")
+	resp, err := client.Get(f.url + "/health")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	var body map[string]string
@@ -425,7 +428,7 @@ func TestReadyzIsNotReadyWithoutBroker(t *testing.T) {
 	f := start(t, setup{viaProxy: true})
 	f.proxy.SetDown(true)
 	require.Eventually(t, func() bool {
-		resp, err := http.Get(f.url + "/readyz")
+		resp, err := client.Get(f.url + "/readyz")
 		require.NoError(t, err)
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusServiceUnavailable

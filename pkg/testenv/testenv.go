@@ -90,7 +90,8 @@ func apiUser() string {
 	return u.User.Username()
 }
 
-var apiClient = &http.Client{Timeout: 10 * time.Second}
+// apiClient keeps no idle connections, so no goroutine outlives a call.
+var apiClient = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
 func rabbitAPI(method, path string, body []byte) error {
 	u, err := url.Parse(RabbitAPI)
