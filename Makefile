@@ -26,7 +26,7 @@ dev: services build ## Migrate, then run receiver + worker in the foreground aga
 	BIN=$(BIN) hack/dev.sh
 
 .PHONY: test
-test: services lint test-go check-deploy ## The whole suite: lint, Go tests on the real services, chart/image/dev-loop checks
+test: services lint test-go check-observability check-deploy ## The whole suite: lint, Go tests on the real services, alert/dashboard checks, chart/image/dev-loop checks
 
 .PHONY: lint
 lint: ## gofmt and go vet
@@ -36,6 +36,10 @@ lint: ## gofmt and go vet
 .PHONY: test-go
 test-go: ## Go tests (unit + integration against 127.0.0.1 services), race detector on
 	$(GO) test -race -count=1 -timeout 30m ./...
+
+.PHONY: check-observability
+check-observability: ## promtool check/test of the alert rules, dashboard validation, runbook coverage
+	hack/check-observability.sh
 
 .PHONY: check-deploy
 check-deploy: ## Offline checks of the Helm chart, Dockerfile, kind config and Tiltfile

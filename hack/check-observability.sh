@@ -15,6 +15,8 @@
 # 4. Builds hack/dashboardcheck and runs it: JSON structure, datasource
 #    variable, queries, metric names against hack/dashboardcheck/metrics.txt
 #    (dashboards and the rule file), strict grafana-foundation-sdk decoding.
+# 5. The dashboard queries parse as PromQL (extracted by dashboardcheck as
+#    recording rules, then promtool check rules).
 #
 # Exits non-zero if any check fails; every check runs either way.
 set -uo pipefail
@@ -146,16 +148,33 @@ fi
 
 # --- 4. dashboards ----------------------------------------------------------
 step "dashboards (${#DASHBOARDS[@]} files) and metric names"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+queries=$tmp/dashboard-queries.rules.yaml
 if ((${#DASHBOARDS[@]} == 0)); then
 	fail "no dashboards in charts/idempotent-events/dashboards"
 elif (cd hack/dashboardcheck && $GO build -o "$BIN/dashboardcheck" .); then
-	if "$BIN/dashboardcheck" -metrics hack/dashboardcheck/metrics.txt -names "$RULES" "${DASHBOARDS[@]}"; then
+	if "$BIN/dashboardcheck" -metrics hack/dashboardcheck/metrics.txt -names "$RULES" \
+		-promql-out "$queries" "${DASHBOARDS[@]}"; then
 		ok "dashboards and metric names"
 	else
 		fail "dashboards and metric names"
 	fi
 else
 	fail "building hack/dashboardcheck"
+fi
+
+step "dashboard queries parse as PromQL (promtool check rules on the extracted exprs)"
+if [[ ! -s $queries ]]; then
+	fail "no dashboard queries were extracted"
+elif $have_promtool; then
+	if "$BIN/promtool" check rules "$queries"; then
+		ok "dashboard PromQL parses"
+	else
+		fail "dashboard PromQL"
+	fi
+else
+	fail "dashboard PromQL: no promtool"
 fi
 
 echo

@@ -15,6 +15,8 @@ const (
 	RoutingKey = "events"
 	MainQueue  = "events.main"
 	DLQ        = "events.dlq"
+	// QueuePrefix starts the name of every queue of the pipeline.
+	QueuePrefix = "events."
 	// RetryQueuePrefix starts the name of every retry tier queue; the delay
 	// follows, e.g. events.retry.30s.
 	RetryQueuePrefix = "events.retry."

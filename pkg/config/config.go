@@ -117,6 +117,12 @@ type Worker struct {
 	// PublishTimeout bounds a retry or DLQ publish waiting for its confirm.
 	PublishTimeout  time.Duration `envconfig:"PUBLISH_TIMEOUT" default:"5s"`
 	ShutdownTimeout time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"20s"`
+
+	// RabbitMQManagementURL is where queue depths and ages are read for the
+	// lag metrics: "auto" derives http://<user>:<pass>@<AMQP host>:15672,
+	// "off" disables the queue metrics.
+	RabbitMQManagementURL string        `envconfig:"RABBITMQ_MANAGEMENT_URL" default:"auto" sensitive:"true"`
+	QueueStatsInterval    time.Duration `envconfig:"QUEUE_STATS_INTERVAL" default:"15s"`
 }
 
 // Migrate is the configuration of the migrate binary.

@@ -2,6 +2,7 @@ package config
 
 import (
 	"net"
+	"net/url"
 	"strings"
 	"time"
 
@@ -132,6 +133,16 @@ func (c *Worker) Validate() error {
 	checkPositive(&p, "PROCESS_TIMEOUT", c.ProcessTimeout)
 	checkPositive(&p, "PUBLISH_TIMEOUT", c.PublishTimeout)
 	checkPositive(&p, "SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
+	switch c.RabbitMQManagementURL {
+	case "auto", "off":
+	default:
+		if u, err := url.Parse(c.RabbitMQManagementURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			p.add("RABBITMQ_MANAGEMENT_URL", "must be auto, off, or an http(s) URL")
+		}
+	}
+	if c.QueueStatsInterval < time.Second {
+		p.add("QUEUE_STATS_INTERVAL", "must be at least 1s, got %s", c.QueueStatsInterval)
+	}
 	return p.err()
 }
 

@@ -28,6 +28,7 @@ usage:
   eventsctl send [flags]   sign a sample (or given) event and POST it to the receiver
   eventsctl sign [flags]   print the Stripe-Signature header for a body
   eventsctl verify [flags] wait until an event has exactly its expected rows
+  eventsctl status [flags] queue depths and lag, DLQ size, ledger and duplicate rate
 
 Run "eventsctl <command> -h" for the flags of a command.
 `
@@ -46,6 +47,8 @@ func Main(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, 
 		return sign(args[1:], env, stdin, stdout, stderr)
 	case "verify":
 		return verify(ctx, args[1:], env, stdout, stderr)
+	case "status":
+		return status(ctx, args[1:], env, stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

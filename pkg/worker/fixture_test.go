@@ -132,35 +132,9 @@ func (r *running) stop(t *testing.T) {
 	})
 }
 
+// count is the value of a worker metric, 0 when it has no series yet.
 func (r *running) count(name string, labels ...string) float64 {
-	mfs, err := r.reg.Gather()
-	if err != nil {
-		panic(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue metrics
-				}
-			}
-			if c := m.GetCounter(); c != nil {
-				total += c.GetValue()
-			}
-		}
-	}
-	return total
+	return max(0, testenv.Metric(r.reg, name, labels...))
 }
 
 func (r *running) outcomes(outcome string) float64 {

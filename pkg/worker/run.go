@@ -11,6 +11,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/config"
 	"github.com/idempotent-events/idempotent-events/pkg/dedupe"
+	"github.com/idempotent-events/idempotent-events/pkg/queuestats"
 	"github.com/idempotent-events/idempotent-events/pkg/store"
 	"github.com/idempotent-events/idempotent-events/pkg/telemetry"
 )
@@ -49,6 +50,21 @@ func Run(ctx context.Context, cfg config.Worker, log *zap.Logger, reg *prometheu
 		return err
 	}
 	var wg sync.WaitGroup
+	mgmt, err := queuestats.ManagementURL(cfg.RabbitMQManagementURL, cfg.AMQPURL)
+	if err != nil {
+		return err
+	}
+	if mgmt != "" {
+		client, err := queuestats.ForAMQP(mgmt, cfg.AMQPURL)
+		if err != nil {
+			return err
+		}
+		stats := queuestats.NewCollector(reg, client, broker.QueuePrefix)
+		qlog := log.Named("queuestats")
+		wg.Go(func() {
+			stats.Run(ctx, cfg.QueueStatsInterval, func(err error) { qlog.Warn("queue stats unavailable", zap.Error(err)) })
+		})
+	}
 	var metricsErr error
 	wg.Go(func() {
 		metricsErr = telemetry.Serve(ctx, telemetry.Server(telemetry.MetricsHandler(reg, w.Ready)), metricsLn, cfg.ShutdownTimeout)

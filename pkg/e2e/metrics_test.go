@@ -1,0 +1,152 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/idempotent-events/idempotent-events/pkg/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/config"
+	"github.com/idempotent-events/idempotent-events/pkg/ctl"
+	"github.com/idempotent-events/idempotent-events/pkg/receiver"
+	"github.com/idempotent-events/idempotent-events/pkg/telemetry"
+	"github.com/idempotent-events/idempotent-events/pkg/testenv"
+	"github.com/idempotent-events/idempotent-events/pkg/webhook"
+	"github.com/idempotent-events/idempotent-events/pkg/worker"
+)
+
+// loadConfig fills cfg from defaults plus vars, as the binaries would.
+func loadConfig(t *testing.T, cfg config.Validator, vars map[string]string) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		if name, value, _ := strings.Cut(kv, "="); isConfigVar(name) {
+			t.Setenv(name, value) // restored after the test
+			require.NoError(t, os.Unsetenv(name))
+		}
+	}
+	for k, v := range vars {
+		t.Setenv(k, v)
+	}
+	require.NoError(t, config.Load(cfg))
+}
+
+// Real traffic through receiver.Run and worker.Run (new, duplicate, bad
+// signature, poison, rejected, retried) moves every counter and gauge by
+// exactly the expected amount.
+func TestMetricsMoveByTheExpectedAmounts(t *testing.T) {
+	amqpURL := testenv.VHost(t)
+	dbURL := testenv.Schema(t)
+	httpAddr := freeAddr(t)
+	common := map[string]string{
+		"AMQP_URL": amqpURL, "DATABASE_URL": dbURL, "REDIS_URL": testenv.RedisURL,
+		"REDIS_KEY_PREFIX": testenv.RedisPrefix(t), "RETRY_DELAYS": "300ms,300ms", "LOG_LEVEL": "debug",
+		"WEBHOOK_SECRETS": "whsec_metrics", "HTTP_ADDR": httpAddr, "QUEUE_STATS_INTERVAL": "1s",
+	}
+	var rcfg config.Receiver
+	common["METRICS_ADDR"] = freeAddr(t)
+	loadConfig(t, &rcfg, common)
+	var wcfg config.Worker
+	common["METRICS_ADDR"] = freeAddr(t)
+	loadConfig(t, &wcfg, common)
+
+	// evt_m_retry fails transiently once; evt_m_rejected is refused by the
+	// database every time.
+	conn := testenv.Conn(t, dbURL)
+	_, err := conn.Exec(context.Background(), `
+		CREATE SEQUENCE retry_once;
+		CREATE FUNCTION fault() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.event_id = 'evt_m_retry' AND nextval('retry_once') = 1 THEN
+				RAISE EXCEPTION 'transient' USING ERRCODE = 'serialization_failure';
+			END IF;
+			IF NEW.event_id = 'evt_m_rejected' THEN
+				RAISE EXCEPTION 'rejected' USING ERRCODE = 'check_violation';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER fault BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION fault();`)
+	require.NoError(t, err)
+
+	rreg, wreg := telemetry.NewRegistry("receiver"), telemetry.NewRegistry("worker")
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { assert.NoError(t, receiver.Run(ctx, rcfg, zaptest.NewLogger(t).Named("receiver"), rreg)) })
+	wg.Go(func() { assert.NoError(t, worker.Run(ctx, wcfg, zaptest.NewLogger(t).Named("worker"), wreg)) })
+	defer func() { cancel(); wg.Wait() }()
+	waitReady(t, "http://"+httpAddr+"/readyz")
+	waitReady(t, "http://"+wcfg.MetricsAddr+"/readyz")
+
+	post := func(id, secret string) int {
+		body, err := ctl.SampleEvent(id, "payment_intent.succeeded", 700, "usd", "succeeded", false)
+		require.NoError(t, err)
+		req, err := http.NewRequest(http.MethodPost, "http://"+httpAddr+receiver.PaymentRoute, bytes.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(webhook.StripeHeader, webhook.SignStripe(secret, time.Now(), body))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	w := func(name string, labels ...string) float64 { return testenv.Metric(wreg, name, labels...) }
+	r := func(name string, labels ...string) float64 { return testenv.Metric(rreg, name, labels...) }
+
+	for _, id := range []string{"evt_m_1", "evt_m_2", "evt_m_retry", "evt_m_rejected"} {
+		require.Equal(t, 202, post(id, "whsec_metrics"))
+	}
+	require.Eventually(t, func() bool { return w("idempotent_events_worker_events_total", "outcome", "processed") == 3 }, 20*time.Second, 20*time.Millisecond)
+	require.Equal(t, 200, post("evt_m_1", "whsec_metrics"), "committed: answered duplicate by the receiver")
+	require.Equal(t, 401, post("evt_m_x", "whsec_wrong"))
+
+	// A duplicate the receiver cannot know about yet, and a poison message
+	// from another producer, straight onto the exchange.
+	b := testenv.NewBroker(t, amqpURL, rcfg.Topology.Broker())
+	dup, _ := ctl.SampleEvent("evt_m_2", "payment_intent.succeeded", 700, "usd", "succeeded", false)
+	b.PublishEvent(dup, nil)
+	b.PublishEvent([]byte(`{"id":"evt_m_poison"}`), nil)
+	require.Eventually(t, func() bool {
+		return w("idempotent_events_worker_events_total", "outcome", "duplicate") == 1 &&
+			w("idempotent_events_worker_events_total", "outcome", "dead_lettered") == 2
+	}, 20*time.Second, 20*time.Millisecond)
+
+	// Receiver.
+	assert.Equal(t, 4.0, r("idempotent_events_receiver_requests_total", "code", "202"))
+	assert.Equal(t, 1.0, r("idempotent_events_receiver_requests_total", "code", "200"))
+	assert.Equal(t, 1.0, r("idempotent_events_receiver_requests_total", "code", "401"))
+	assert.Equal(t, 1.0, r("idempotent_events_receiver_signature_failures_total", "reason", "signature_mismatch"))
+	assert.Equal(t, 5.0, r("idempotent_events_receiver_signature_secret_matches_total", "secret_index", "0"))
+	assert.Equal(t, 1.0, r("idempotent_events_receiver_duplicates_total"))
+	assert.Equal(t, 4.0, r("idempotent_events_receiver_publish_confirm_seconds"), "one confirm per 202")
+	assert.Equal(t, 6.0, r("idempotent_events_receiver_request_duration_seconds"))
+	assert.Equal(t, 1.0, r("idempotent_events_receiver_broker_connected"))
+	assert.Equal(t, 1.0, r("idempotent_events_build_info", "component", "receiver"))
+
+	// Worker.
+	assert.Equal(t, 3.0, w("idempotent_events_worker_events_total", "outcome", "processed"))
+	assert.Equal(t, 1.0, w("idempotent_events_worker_events_total", "outcome", "retried"))
+	assert.Equal(t, 1.0, w("idempotent_events_worker_retries_total", "tier", "300ms"))
+	assert.Equal(t, 1.0, w("idempotent_events_worker_dead_letters_total", "reason", worker.ReasonInvalidPayload))
+	assert.Equal(t, 1.0, w("idempotent_events_worker_dead_letters_total", "reason", worker.ReasonRejectedByDatabase))
+	assert.Equal(t, 1.0, w("idempotent_events_worker_duplicates_total"))
+	assert.Equal(t, 3.0, w("idempotent_events_worker_end_to_end_seconds"), "one end-to-end sample per committed event")
+	assert.Equal(t, 0.0, w("idempotent_events_worker_in_flight"))
+	assert.Equal(t, 1.0, w("idempotent_events_worker_broker_connected"))
+
+	// Queue gauges, polled from the management API (it refreshes every few seconds).
+	require.Eventually(t, func() bool {
+		return w("idempotent_events_queue_messages", "queue", broker.DLQ, "state", "ready") == 2 &&
+			w("idempotent_events_queue_consumers", "queue", broker.MainQueue) == 1 &&
+			w("idempotent_events_queue_messages", "queue", broker.MainQueue, "state", "ready") == 0
+	}, 30*time.Second, 200*time.Millisecond)
+	assert.Equal(t, 1.0, w("idempotent_events_queue_stats_up"))
+	assert.Positive(t, w("idempotent_events_queue_oldest_message_age_seconds", "queue", broker.DLQ))
+}
