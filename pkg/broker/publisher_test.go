@@ -145,7 +145,7 @@ func TestTopologyDeclareIsIdempotentForBothQueueTypes(t *testing.T) {
 			_, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
 			require.NoError(t, err, "queue %s (%s)", q, qt)
 		}
-		assert.Equal(t, []string{"events.main", "events.retry.1s", "events.retry.5s", "events.dlq"}, tp.Queues())
+		assert.Equal(t, []string{"events.main", "events.replay", "events.retry.1s", "events.retry.5s", "events.dlq"}, tp.Queues())
 	}
 }
 

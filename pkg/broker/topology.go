@@ -14,7 +14,11 @@ const (
 	Exchange   = "main_exchange"
 	RoutingKey = "events"
 	MainQueue  = "events.main"
-	DLQ        = "events.dlq"
+	// ReplayQueue receives events an operator replays from the DLQ. It is
+	// published to directly (default exchange) and consumed beside
+	// events.main with a small prefetch, so a replay never blocks live traffic.
+	ReplayQueue = "events.replay"
+	DLQ         = "events.dlq"
 	// QueuePrefix starts the name of every queue of the pipeline.
 	QueuePrefix = "events."
 	// RetryQueuePrefix starts the name of every retry tier queue; the delay
@@ -72,7 +76,7 @@ func (t Topology) RetryQueues() []string {
 
 // Queues returns every queue of the topology: main, retry tiers, DLQ.
 func (t Topology) Queues() []string {
-	return append(append([]string{MainQueue}, t.RetryQueues()...), DLQ)
+	return append(append([]string{MainQueue, ReplayQueue}, t.RetryQueues()...), DLQ)
 }
 
 // DeclareOn declares the topology on a short-lived channel of conn.
@@ -105,6 +109,9 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	}
 	if err := ch.QueueBind(MainQueue, RoutingKey, Exchange, false, nil); err != nil {
 		return fmt.Errorf("bind %s to %s: %w", MainQueue, Exchange, err)
+	}
+	if err := declareQueue(ch, ReplayQueue, mainArgs); err != nil {
+		return err
 	}
 	for _, d := range t.RetryDelays {
 		args := t.args(true)

@@ -107,10 +107,11 @@ type Worker struct {
 
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9091"`
 
-	Prefetch    int           `envconfig:"WORKER_PREFETCH" default:"256"`
-	Concurrency int           `envconfig:"WORKER_CONCURRENCY" default:"4"`
-	BatchSize   int           `envconfig:"WORKER_BATCH_SIZE" default:"64"`
-	BatchWait   time.Duration `envconfig:"WORKER_BATCH_WAIT" default:"5ms"`
+	Prefetch       int           `envconfig:"WORKER_PREFETCH" default:"256"`
+	ReplayPrefetch int           `envconfig:"WORKER_REPLAY_PREFETCH" default:"4"`
+	Concurrency    int           `envconfig:"WORKER_CONCURRENCY" default:"4"`
+	BatchSize      int           `envconfig:"WORKER_BATCH_SIZE" default:"64"`
+	BatchWait      time.Duration `envconfig:"WORKER_BATCH_WAIT" default:"5ms"`
 
 	DBMaxConns     int32         `envconfig:"DB_MAX_CONNS" default:"10"`
 	ProcessTimeout time.Duration `envconfig:"PROCESS_TIMEOUT" default:"15s"`

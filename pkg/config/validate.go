@@ -124,6 +124,7 @@ func (c *Worker) Validate() error {
 	c.Dedupe.validate(&p)
 	validateAddr(&p, "METRICS_ADDR", c.MetricsAddr)
 	checkRange(&p, "WORKER_PREFETCH", int64(c.Prefetch), 1, 65535)
+	checkRange(&p, "WORKER_REPLAY_PREFETCH", int64(c.ReplayPrefetch), 1, 1000)
 	checkRange(&p, "WORKER_CONCURRENCY", int64(c.Concurrency), 1, 256)
 	checkRange(&p, "WORKER_BATCH_SIZE", int64(c.BatchSize), 1, 10000)
 	if c.BatchWait < 0 {

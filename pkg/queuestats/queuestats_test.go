@@ -47,11 +47,11 @@ func TestCollectorReportsDepthConsumersAndAge(t *testing.T) {
 	assert.Equal(t, 1.0, testenv.Metric(reg, "idempotent_events_queue_stats_up"))
 	n, err := testutil.GatherAndCount(reg, "idempotent_events_queue_consumers")
 	require.NoError(t, err)
-	assert.Equal(t, 3, n, "events.main, events.retry.1m, events.dlq")
+	assert.Equal(t, 4, n, "events.main, events.replay, events.retry.1m, events.dlq")
 
 	qs, err := client.Queues(context.Background(), broker.QueuePrefix)
 	require.NoError(t, err)
-	require.Len(t, qs, 3)
+	require.Len(t, qs, 4)
 	assert.Equal(t, "events.dlq", qs[0].Name)
 
 	bad, err := queuestats.New("http://guest:guest@127.0.0.1:1", "/")

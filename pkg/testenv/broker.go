@@ -63,9 +63,21 @@ func (b *Broker) Drain(queue string) []amqp.Delivery {
 	}
 }
 
+// PublishTo publishes body straight to queue through the default exchange,
+// as a DLQ replay does, and waits for the confirm.
+func (b *Broker) PublishTo(queue string, body []byte) {
+	b.t.Helper()
+	b.publish("", queue, body, nil)
+}
+
 // PublishEvent publishes body as the receiver would (main_exchange, routing
 // key events), with extra headers, and waits for the broker's confirm.
 func (b *Broker) PublishEvent(body []byte, headers amqp.Table) {
+	b.t.Helper()
+	b.publish(broker.Exchange, broker.RoutingKey, body, headers)
+}
+
+func (b *Broker) publish(exchange, key string, body []byte, headers amqp.Table) {
 	b.t.Helper()
 	ch, err := broker.OpenConfirmChannel(b.conn)
 	require.NoError(b.t, err)
@@ -76,7 +88,7 @@ func (b *Broker) PublishEvent(body []byte, headers amqp.Table) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	require.NoError(b.t, ch.Publish(ctx, broker.Exchange, broker.RoutingKey, amqp.Publishing{
+	require.NoError(b.t, ch.Publish(ctx, exchange, key, amqp.Publishing{
 		ContentType: "application/json", Body: body, Headers: h, Timestamp: time.Now(),
 	}))
 }

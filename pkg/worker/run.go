@@ -33,6 +33,7 @@ func Run(ctx context.Context, cfg config.Worker, log *zap.Logger, reg *prometheu
 	w := New(Options{
 		Topology:        cfg.Topology.Broker(),
 		Prefetch:        cfg.Prefetch,
+		ReplayPrefetch:  cfg.ReplayPrefetch,
 		Concurrency:     cfg.Concurrency,
 		BatchSize:       cfg.BatchSize,
 		BatchWait:       cfg.BatchWait,

@@ -16,11 +16,14 @@ import (
 
 // Options configures a Worker.
 type Options struct {
-	Topology    broker.Topology
-	Prefetch    int
-	Concurrency int
-	BatchSize   int
-	BatchWait   time.Duration
+	Topology broker.Topology
+	Prefetch int
+	// ReplayPrefetch is the prefetch of the events.replay consumer, kept small
+	// so operator replays trickle in beside live traffic.
+	ReplayPrefetch int
+	Concurrency    int
+	BatchSize      int
+	BatchWait      time.Duration
 	// ProcessTimeout bounds one Postgres transaction.
 	ProcessTimeout time.Duration
 	// PublishTimeout bounds waiting for the confirm of a retry or DLQ copy.
@@ -67,21 +70,48 @@ func (w *Worker) Run(ctx context.Context, d broker.Dialer) error {
 
 // session is everything that belongs to one connection.
 type session struct {
-	consumer *amqp.Channel
-	pub      *broker.ConfirmChannel
-	abortMu  sync.Once
-	aborted  chan struct{}
-	abortErr error
+	consumers []*consumer
+	pub       *broker.ConfirmChannel
+	abortMu   sync.Once
+	aborted   chan struct{}
+	abortErr  error
 }
 
-// abort tears the session down: closing the consumer channel makes the
+// consumer is one channel consuming one queue.
+type consumer struct {
+	queue      string
+	tag        string
+	ch         *amqp.Channel
+	deliveries <-chan amqp.Delivery
+	closed     chan *amqp.Error
+}
+
+// abort tears the session down: closing the consumer channels makes the
 // broker requeue every unacked delivery of this session.
 func (s *session) abort(err error) {
 	s.abortMu.Do(func() {
 		s.abortErr = err
 		close(s.aborted)
-		_ = s.consumer.Close()
+		for _, c := range s.consumers {
+			_ = c.ch.Close()
+		}
 	})
+}
+
+func openConsumer(conn *amqp.Connection, queue string, prefetch int) (*consumer, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open consumer channel: %w", err)
+	}
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		return nil, fmt.Errorf("set prefetch on %s: %w", queue, err)
+	}
+	c := &consumer{queue: queue, tag: "idempotent-events-worker " + queue, ch: ch}
+	if c.deliveries, err = ch.Consume(queue, c.tag, false, false, false, false, nil); err != nil {
+		return nil, fmt.Errorf("consume %s: %w", queue, err)
+	}
+	c.closed = ch.NotifyClose(make(chan *amqp.Error, 1))
+	return c, nil
 }
 
 func (w *Worker) serve(ctx context.Context, conn *amqp.Connection) error {
@@ -93,21 +123,25 @@ func (w *Worker) serve(ctx context.Context, conn *amqp.Connection) error {
 		return err
 	}
 	defer pub.Close()
-	ch, err := conn.Channel()
+	s := &session{pub: pub, aborted: make(chan struct{})}
+	defer func() {
+		for _, c := range s.consumers {
+			_ = c.ch.Close()
+		}
+	}()
+	// Live traffic and operator replays have their own consumers: a replay
+	// waits in events.replay and only takes its own small prefetch, so it
+	// never sits at the head of the live queue.
+	main, err := openConsumer(conn, broker.MainQueue, w.opts.Prefetch)
 	if err != nil {
-		return fmt.Errorf("open consumer channel: %w", err)
+		return err
 	}
-	defer ch.Close()
-	if err := ch.Qos(w.opts.Prefetch, 0, false); err != nil {
-		return fmt.Errorf("set prefetch: %w", err)
-	}
-	const tag = "idempotent-events-worker"
-	deliveries, err := ch.Consume(broker.MainQueue, tag, false, false, false, false, nil)
+	s.consumers = append(s.consumers, main)
+	replay, err := openConsumer(conn, broker.ReplayQueue, max(w.opts.ReplayPrefetch, 1))
 	if err != nil {
-		return fmt.Errorf("consume %s: %w", broker.MainQueue, err)
+		return err
 	}
-	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	s := &session{consumer: ch, pub: pub, aborted: make(chan struct{})}
+	s.consumers = append(s.consumers, replay)
 
 	// Processing outlives ctx: a shutdown finishes in-flight work. hardStop
 	// ends it when the shutdown timeout runs out.
@@ -115,43 +149,54 @@ func (w *Worker) serve(ctx context.Context, conn *amqp.Connection) error {
 	defer hardStop()
 	var wg sync.WaitGroup
 	for i := 0; i < w.opts.Concurrency; i++ {
-		wg.Go(func() { w.consume(procCtx, s, deliveries) })
+		wg.Go(func() { w.consume(procCtx, s, main.deliveries) })
 	}
+	wg.Go(func() { w.consume(procCtx, s, replay.deliveries) })
 	w.consuming.Store(true)
-	w.log.Info("consuming", zap.String("queue", broker.MainQueue), zap.Int("prefetch", w.opts.Prefetch),
+	w.log.Info("consuming", zap.Strings("queues", []string{broker.MainQueue, broker.ReplayQueue}), zap.Int("prefetch", w.opts.Prefetch),
 		zap.Int("concurrency", w.opts.Concurrency), zap.Int("batch_size", w.opts.BatchSize))
 	defer w.consuming.Store(false)
 
 	select {
 	case <-ctx.Done():
 		w.consuming.Store(false)
-		return w.drain(s, tag, &wg, hardStop)
+		return w.drain(s, &wg, hardStop)
 	case <-s.aborted:
 		wg.Wait()
 		return s.abortErr
-	case err := <-chClosed:
-		// Deliveries die with the channel; processors see it closed, finish
-		// what they hold (their acks will fail: those are redelivered).
-		wg.Wait()
-		if err != nil {
-			return err
-		}
-		return errors.New("consumer channel closed")
+	case err := <-main.closed:
+		return w.lost(s, &wg, err)
+	case err := <-replay.closed:
+		return w.lost(s, &wg, err)
 	}
 }
 
-// drain cancels the consumer, lets the processors finish what was already
+// lost ends a session whose channel closed under it. Deliveries die with the
+// channel; processors finish what they hold (their acks fail, and those
+// messages are redelivered).
+func (w *Worker) lost(s *session, wg *sync.WaitGroup, err *amqp.Error) error {
+	s.abort(errors.New("consumer channel closed"))
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	return errors.New("consumer channel closed")
+}
+
+// drain cancels the consumers, lets the processors finish what was already
 // delivered, and gives up after the shutdown timeout.
-func (w *Worker) drain(s *session, tag string, wg *sync.WaitGroup, hardStop context.CancelFunc) error {
+func (w *Worker) drain(s *session, wg *sync.WaitGroup, hardStop context.CancelFunc) error {
 	deadline := time.NewTimer(w.opts.ShutdownTimeout)
 	defer deadline.Stop()
-	go func() {
-		// Cancel waits for the broker's cancel-ok; after it, no new deliveries
-		// arrive and the deliveries channel closes once drained.
-		if err := s.consumer.Cancel(tag, false); err != nil {
-			s.abort(fmt.Errorf("cancel consumer: %w", err))
-		}
-	}()
+	for _, c := range s.consumers {
+		go func() {
+			// Cancel waits for the broker's cancel-ok; after it, no new
+			// deliveries arrive and the deliveries channel closes once drained.
+			if err := c.ch.Cancel(c.tag, false); err != nil {
+				s.abort(fmt.Errorf("cancel consumer of %s: %w", c.queue, err))
+			}
+		}()
+	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {

@@ -372,3 +372,23 @@ func TestWorkerReconnectsAfterTheConnectionIsCut(t *testing.T) {
 	assert.Equal(t, 0, e.broker.Depth(broker.MainQueue))
 	e.invariant()
 }
+
+// Events replayed into events.replay go through the same dedupe: a new one
+// is processed, an already processed one is a duplicate.
+func TestReplayQueueIsConsumedThroughTheSamePipeline(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	w := e.start()
+	e.publish(e.event("evt_replay_done"))
+	eventually(t, func() bool { return w.outcomes("processed") == 1 }, "processed live")
+
+	e.broker.PublishTo(broker.ReplayQueue, e.event("evt_replay_done"))
+	e.broker.PublishTo(broker.ReplayQueue, e.event("evt_replay_new"))
+	eventually(t, func() bool { return w.outcomes("processed") == 2 && w.outcomes("duplicate") == 1 }, "replays settled")
+	w.stop(t)
+	payments, _ := e.rows("evt_replay_done")
+	assert.Equal(t, 1, payments)
+	payments, _ = e.rows("evt_replay_new")
+	assert.Equal(t, 1, payments)
+	assert.Equal(t, 0, e.broker.Depth(broker.ReplayQueue))
+}
