@@ -27,6 +27,9 @@ const (
 	HeaderLastFailedAt  = "x-ie-last-failed-at"
 	// HeaderDLQReason says why a message is in the DLQ.
 	HeaderDLQReason = "x-ie-dlq-reason"
+	// HeaderDLQID identifies one DLQ copy, for operators to show, replay or
+	// discard exactly that message.
+	HeaderDLQID = "x-ie-dlq-id"
 	// HeaderDeadLetteredAt is when the worker moved it there.
 	HeaderDeadLetteredAt = "x-ie-dead-lettered-at"
 	// HeaderOriginalExchange and HeaderOriginalRoutingKey record where the

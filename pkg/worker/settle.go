@@ -2,6 +2,8 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -34,6 +36,7 @@ func (w *Worker) settle(ctx context.Context, s *session, m *message) error {
 			zap.String("queue", queue), zap.Error(res.Err))
 	case DeadLetter:
 		extra := amqp.Table{
+			broker.HeaderDLQID:          newDLQID(),
 			broker.HeaderDLQReason:      res.Reason,
 			broker.HeaderDeadLetteredAt: time.Now().UTC().Format(time.RFC3339Nano),
 		}
@@ -99,6 +102,12 @@ func (w *Worker) publishCopy(ctx context.Context, s *session, queue string, m *m
 	pctx, cancel := context.WithTimeout(ctx, w.opts.PublishTimeout)
 	defer cancel()
 	return s.pub.Publish(pctx, "", queue, msg)
+}
+
+func newDLQID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func truncate(s string, n int) string {

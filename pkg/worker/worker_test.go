@@ -227,6 +227,7 @@ func TestAttemptsExhaustedGoToTheDLQWithTheirHistory(t *testing.T) {
 	require.Len(t, msgs, 1)
 	h := msgs[0].Headers
 	assert.Equal(t, worker.ReasonRetriesExhausted, h[broker.HeaderDLQReason])
+	assert.Len(t, h[broker.HeaderDLQID], 16)
 	attempts, _ := broker.Int(h, broker.HeaderAttempt)
 	assert.Equal(t, int64(3), attempts)
 	assert.NotEmpty(t, h[broker.HeaderFirstError])
