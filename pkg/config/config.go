@@ -91,12 +91,21 @@ type Receiver struct {
 	RetryAfter      time.Duration `envconfig:"RECEIVER_RETRY_AFTER" default:"5s"`
 
 	// DuplicateCheck answers 200 duplicate, without publishing, for an event
-	// that Redis or Postgres says has committed. Any lookup error publishes.
-	DuplicateCheck        bool          `envconfig:"DUPLICATE_CHECK" default:"true"`
+	// that is recorded as committed: "redis" asks the Redis fast path only,
+	// "postgres" also asks Postgres on a Redis miss (a query per request),
+	// "off" always publishes. Any lookup error publishes.
+	DuplicateCheck        string        `envconfig:"DUPLICATE_CHECK" default:"redis"`
 	DuplicateCheckTimeout time.Duration `envconfig:"DUPLICATE_CHECK_TIMEOUT" default:"100ms"`
 
 	ShutdownTimeout time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"20s"`
 }
+
+// Duplicate check modes of the receiver.
+const (
+	DuplicateCheckOff      = "off"
+	DuplicateCheckRedis    = "redis"
+	DuplicateCheckPostgres = "postgres"
+)
 
 // Worker is the configuration of the worker binary.
 type Worker struct {

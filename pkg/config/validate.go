@@ -89,7 +89,12 @@ func validateAddr(p *problems, name, addr string) {
 // Validate implements Validator.
 func (c *Receiver) Validate() error {
 	var p problems
-	c.Connections.validate(&p, c.DuplicateCheck, c.DuplicateCheck)
+	switch c.DuplicateCheck {
+	case DuplicateCheckOff, DuplicateCheckRedis, DuplicateCheckPostgres:
+	default:
+		p.add("DUPLICATE_CHECK", "must be redis, postgres or off, got %q", c.DuplicateCheck)
+	}
+	c.Connections.validate(&p, c.DuplicateCheck != DuplicateCheckOff, c.DuplicateCheck == DuplicateCheckPostgres)
 	c.Logging.validate(&p)
 	c.Topology.validate(&p)
 	c.Dedupe.validate(&p)

@@ -22,6 +22,7 @@ type Ledger interface {
 // It says yes only when one of them has a record written after COMMIT; a
 // Redis error falls through to Postgres, and a Postgres error is returned
 // so the caller can go the safe way (publish and let the worker decide).
+// Without a Ledger only Redis is asked, and a Redis error is returned.
 type Checker struct {
 	Cache  *Cache
 	Ledger Ledger
@@ -37,6 +38,9 @@ func (c Checker) Committed(ctx context.Context, id string) (ok bool, layer Layer
 			return true, LayerRedis, nil, nil
 		}
 		redisErr = rerr
+	}
+	if c.Ledger == nil {
+		return false, "", redisErr, redisErr
 	}
 	found, err := c.Ledger.Processed(ctx, ids)
 	if err != nil {

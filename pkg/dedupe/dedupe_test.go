@@ -70,3 +70,26 @@ func TestCheckerFallsThroughToTheLedger(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, ok)
 }
+
+func TestRedisOnlyCheckerNeverGuesses(t *testing.T) {
+	t.Parallel()
+	c, err := dedupe.Open(testenv.RedisURL, testenv.RedisPrefix(t), time.Minute)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.MarkCommitted(context.Background(), []string{"evt_known"}))
+	chk := dedupe.Checker{Cache: c}
+	ok, layer, _, err := chk.Committed(context.Background(), "evt_known")
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.Equal(t, dedupe.LayerRedis, layer)
+	ok, _, _, err = chk.Committed(context.Background(), "evt_unknown")
+	require.NoError(t, err)
+	assert.False(t, ok)
+
+	down, err := dedupe.Open("redis://127.0.0.1:1/0", "x:", time.Minute)
+	require.NoError(t, err)
+	defer down.Close()
+	ok, _, _, err = dedupe.Checker{Cache: down}.Committed(context.Background(), "evt_known")
+	assert.Error(t, err, "an unreachable Redis is an error, so the receiver publishes")
+	assert.False(t, ok)
+}

@@ -228,7 +228,9 @@ func (h *Handler) isDuplicate(ctx context.Context, id string) bool {
 	}
 	if err != nil {
 		// Unknown is not "duplicate": publish and let the worker decide.
-		h.m.dedupeErrors.WithLabelValues(string(dedupe.LayerPostgres)).Inc()
+		if err != redisErr {
+			h.m.dedupeErrors.WithLabelValues(string(dedupe.LayerPostgres)).Inc()
+		}
 		h.log.Debug("duplicate check failed; publishing", zap.String("event_id", id), zap.Error(err))
 		return false
 	}

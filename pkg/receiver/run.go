@@ -43,18 +43,22 @@ func Run(ctx context.Context, cfg config.Receiver, log *zap.Logger, reg *prometh
 		Logger:                log.Named("http"),
 		Metrics:               m,
 	}
-	if cfg.DuplicateCheck {
-		st, err := store.Open(ctx, cfg.DatabaseURL, 4)
-		if err != nil {
-			return err
-		}
-		defer st.Close()
+	if cfg.DuplicateCheck != config.DuplicateCheckOff {
 		cache, err := dedupe.Open(cfg.RedisURL, cfg.RedisKeyPrefix, cfg.DedupeTTL)
 		if err != nil {
 			return err
 		}
 		defer cache.Close()
-		opts.Duplicates = dedupe.Checker{Cache: cache, Ledger: st}
+		chk := dedupe.Checker{Cache: cache}
+		if cfg.DuplicateCheck == config.DuplicateCheckPostgres {
+			st, err := store.Open(ctx, cfg.DatabaseURL, 8)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			chk.Ledger = st
+		}
+		opts.Duplicates = chk
 	}
 	h := NewHandler(opts)
 

@@ -73,9 +73,11 @@ func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 // Pool exposes the pool for tests and tools.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
+// processed_at is the statement's clock, not now() (the transaction's
+// start), so received_at -> processed_at measures the pipeline's latency.
 const insertLedger = `
-INSERT INTO processed_events (event_id, source, event_type, payload_sha256, received_at, attempt)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::int[])
+INSERT INTO processed_events (event_id, source, event_type, payload_sha256, received_at, attempt, processed_at)
+SELECT e.*, clock_timestamp() FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::int[]) AS e
 ORDER BY 1
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id`

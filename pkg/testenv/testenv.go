@@ -58,22 +58,39 @@ func Name(prefix string) string {
 // it. The vhost is deleted when t ends.
 func VHost(t testing.TB) string {
 	t.Helper()
-	name := Name("ie_test")
+	url, drop, err := NewVHost("ie_test")
+	require.NoError(t, err)
+	t.Cleanup(drop)
+	return url
+}
+
+// NewVHost creates a vhost named prefix_<random> with full permissions for
+// the AMQP user, through the management API or else rabbitmqctl. It returns
+// the AMQP URL of the vhost and a function that deletes it.
+func NewVHost(prefix string) (string, func(), error) {
+	name := Name(prefix)
+	var drop func()
 	if err := rabbitAPI(http.MethodPut, "/api/vhosts/"+name, nil); err == nil {
 		perm := []byte(`{"configure":".*","write":".*","read":".*"}`)
-		require.NoError(t, rabbitAPI(http.MethodPut, "/api/permissions/"+name+"/"+apiUser(), perm), "set vhost permissions")
-		t.Cleanup(func() { _ = rabbitAPI(http.MethodDelete, "/api/vhosts/"+name, nil) })
+		if err := rabbitAPI(http.MethodPut, "/api/permissions/"+name+"/"+apiUser(), perm); err != nil {
+			return "", nil, fmt.Errorf("set vhost permissions: %w", err)
+		}
+		drop = func() { _ = rabbitAPI(http.MethodDelete, "/api/vhosts/"+name, nil) }
 	} else {
-		out, cerr := exec.Command("rabbitmqctl", "add_vhost", name).CombinedOutput()
-		require.NoError(t, cerr, "create vhost: management API failed (%v) and rabbitmqctl failed: %s", err, out)
-		out, cerr = exec.Command("rabbitmqctl", "set_permissions", "-p", name, apiUser(), ".*", ".*", ".*").CombinedOutput()
-		require.NoError(t, cerr, "set permissions: %s", out)
-		t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "delete_vhost", name).Run() })
+		if out, cerr := exec.Command("rabbitmqctl", "add_vhost", name).CombinedOutput(); cerr != nil {
+			return "", nil, fmt.Errorf("create vhost: management API failed (%v) and rabbitmqctl failed: %s", err, out)
+		}
+		if out, cerr := exec.Command("rabbitmqctl", "set_permissions", "-p", name, apiUser(), ".*", ".*", ".*").CombinedOutput(); cerr != nil {
+			return "", nil, fmt.Errorf("set permissions: %s", out)
+		}
+		drop = func() { _ = exec.Command("rabbitmqctl", "delete_vhost", name).Run() }
 	}
 	u, err := url.Parse(AMQPBase)
-	require.NoError(t, err)
+	if err != nil {
+		return "", nil, err
+	}
 	u.Path = "/" + name
-	return u.String()
+	return u.String(), drop, nil
 }
 
 // VHostOf returns the vhost name of an AMQP URL made by VHost.
@@ -129,27 +146,44 @@ func Schema(t testing.TB) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	dbURL, drop, err := NewSchema(ctx, "t")
+	require.NoError(t, err)
+	t.Cleanup(drop)
+	return dbURL
+}
+
+// NewSchema creates a migrated schema prefix_<random> in the test database
+// (created if missing). It returns a DATABASE_URL selecting the schema and
+// a function that drops it.
+func NewSchema(ctx context.Context, prefix string) (string, func(), error) {
 	var dbErr error
 	ensureDB.Do(func() { _, dbErr = migrate.EnsureDatabase(ctx, DatabaseURL) })
-	require.NoError(t, dbErr, "create test database")
-	name := Name("t")
+	if dbErr != nil {
+		return "", nil, fmt.Errorf("create test database: %w", dbErr)
+	}
+	name := Name(prefix)
 	conn, err := pgx.Connect(ctx, DatabaseURL)
-	require.NoError(t, err, "connect to test database")
+	if err != nil {
+		return "", nil, fmt.Errorf("connect to test database: %w", err)
+	}
 	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "CREATE SCHEMA "+name)
-	require.NoError(t, err)
-	t.Cleanup(func() {
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+name); err != nil {
+		return "", nil, err
+	}
+	drop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if c, err := pgx.Connect(ctx, DatabaseURL); err == nil {
 			_, _ = c.Exec(ctx, "DROP SCHEMA "+name+" CASCADE")
 			_ = c.Close(ctx)
 		}
-	})
+	}
 	dbURL := WithSearchPath(DatabaseURL, name)
-	_, err = migrate.Up(ctx, dbURL, time.Minute)
-	require.NoError(t, err, "migrate schema %s", name)
-	return dbURL
+	if _, err := migrate.Up(ctx, dbURL, time.Minute); err != nil {
+		drop()
+		return "", nil, fmt.Errorf("migrate schema %s: %w", name, err)
+	}
+	return dbURL, drop, nil
 }
 
 // WithSearchPath returns databaseURL with its search_path set to schema.
