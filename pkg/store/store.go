@@ -1,11 +1,11 @@
 // Package store writes the effects of events to Postgres, the only source of
 // truth of idempotent-events.
 //
-// Commit writes a batch of events in one transaction: the processed_events
-// rows (event_id is the primary key) with INSERT … ON CONFLICT DO NOTHING
-// RETURNING, then the payments rows of exactly the events that insert
-// returned. An event whose ledger row already existed is a duplicate and gets
-// no second business row. The caller acks only after Commit returned, so a
+// Commit writes a batch of events in one transaction — a single statement:
+// the processed_events rows (event_id is the primary key) with INSERT … ON
+// CONFLICT DO NOTHING RETURNING, and the payments rows of exactly the
+// events that insert returned. An event whose ledger row already existed is
+// a duplicate and gets no second business row. The caller acks only after Commit returned, so a
 // crash anywhere before COMMIT leaves the message unacked (it is redelivered)
 // and a crash after COMMIT leaves a ledger row that makes the redelivery a
 // duplicate.
@@ -73,19 +73,30 @@ func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 // Pool exposes the pool for tests and tools.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// processed_at is the statement's clock, not now() (the transaction's
-// start), so received_at -> processed_at measures the pipeline's latency.
-const insertLedger = `
-INSERT INTO processed_events (event_id, source, event_type, payload_sha256, received_at, attempt, processed_at)
-SELECT e.*, clock_timestamp() FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::int[]) AS e
-ORDER BY 1
-ON CONFLICT (event_id) DO NOTHING
-RETURNING event_id`
-
-const insertPayments = `
-INSERT INTO payments (event_id, payment_intent_id, event_type, amount_cents, currency, status, livemode, event_created_at)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bool[], $8::timestamptz[])
-ORDER BY 1`
+// commitBatch writes a batch in one statement, which Postgres runs as one
+// transaction and the worker sends in one round trip: the ledger insert
+// returns the ids it inserted, and only those get a payments row. Payment
+// rows are passed for every record that has one; the filter on the ledger's
+// RETURNING is what keeps a duplicate from a second effect. processed_at
+// is the statement's clock, not now() (the transaction's start), so
+// received_at -> processed_at measures the pipeline's latency.
+const commitBatch = `
+WITH ledger AS (
+	INSERT INTO processed_events (event_id, source, event_type, payload_sha256, received_at, attempt, processed_at)
+	SELECT e.*, clock_timestamp()
+	FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::int[]) AS e
+	ORDER BY 1
+	ON CONFLICT (event_id) DO NOTHING
+	RETURNING event_id
+), effect AS (
+	INSERT INTO payments (event_id, payment_intent_id, event_type, amount_cents, currency, status, livemode, event_created_at)
+	SELECT p.*
+	FROM unnest($7::text[], $8::text[], $9::text[], $10::bigint[], $11::text[], $12::text[], $13::bool[], $14::timestamptz[])
+		AS p(event_id, payment_intent_id, event_type, amount_cents, currency, status, livemode, event_created_at)
+	WHERE p.event_id IN (SELECT event_id FROM ledger)
+	ORDER BY 1
+)
+SELECT event_id FROM ledger`
 
 // Commit writes recs in one transaction and reports, for each record in
 // order, whether it was new (true) or already processed (false). Records
@@ -101,6 +112,7 @@ func (s *Store) Commit(ctx context.Context, recs []Record) ([]bool, error) {
 	digests := make([][]byte, n)
 	received := make([]*time.Time, n)
 	attempts := make([]int32, n)
+	var p paymentColumns
 	for i := range recs {
 		r := &recs[i]
 		ids[i] = r.Event.ID
@@ -111,36 +123,21 @@ func (s *Store) Commit(ctx context.Context, recs []Record) ([]bool, error) {
 			received[i] = &r.ReceivedAt
 		}
 		attempts[i] = int32(max(r.Attempt, 1))
+		p.add(&r.Event)
 	}
-
-	isNew := make([]bool, n)
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, insertLedger, ids, sources, types, digests, received, attempts)
-		if err != nil {
-			return fmt.Errorf("insert processed_events: %w", err)
-		}
-		inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return fmt.Errorf("insert processed_events: %w", err)
-		}
-		slices.Sort(inserted)
-		var p paymentColumns
-		for i := range recs {
-			if _, ok := slices.BinarySearch(inserted, recs[i].Event.ID); ok {
-				isNew[i] = true
-				p.add(&recs[i].Event)
-			}
-		}
-		if len(p.ids) == 0 {
-			return nil
-		}
-		if _, err := tx.Exec(ctx, insertPayments, p.ids, p.intents, p.types, p.amounts, p.currencies, p.statuses, p.livemodes, p.created); err != nil {
-			return fmt.Errorf("insert payments: %w", err)
-		}
-		return nil
-	})
+	rows, err := s.pool.Query(ctx, commitBatch, ids, sources, types, digests, received, attempts,
+		p.ids, p.intents, p.types, p.amounts, p.currencies, p.statuses, p.livemodes, p.created)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("commit %d events: %w", n, err)
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("commit %d events: %w", n, err)
+	}
+	slices.Sort(inserted)
+	isNew := make([]bool, n)
+	for i := range recs {
+		_, isNew[i] = slices.BinarySearch(inserted, recs[i].Event.ID)
 	}
 	return isNew, nil
 }

@@ -16,8 +16,8 @@ import (
 // maxErrorLen keeps error headers small.
 const maxErrorLen = 1024
 
-// settle carries out m's Result. An error means the message could not be
-// moved where it must go and was not acked.
+// settle carries out m's Result, short of the ack (handle acks the batch).
+// An error means the message could not be moved where it must go.
 func (w *Worker) settle(ctx context.Context, s *session, m *message) error {
 	res := m.res
 	switch res.Outcome {
@@ -50,11 +50,6 @@ func (w *Worker) settle(ctx context.Context, s *session, m *message) error {
 		return fmt.Errorf("no outcome decided for delivery %d", m.d.DeliveryTag)
 	}
 	w.m.events.WithLabelValues(res.Outcome.String()).Inc()
-	if err := m.d.Ack(false); err != nil {
-		// The channel is gone; the broker redelivers and dedupe absorbs it.
-		w.m.ackFailures.Inc()
-		w.log.Warn("ack failed; the message will be redelivered", zap.String("event_id", m.ev.ID), zap.Error(err))
-	}
 	return nil
 }
 

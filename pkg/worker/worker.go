@@ -84,6 +84,7 @@ type consumer struct {
 	ch         *amqp.Channel
 	deliveries <-chan amqp.Delivery
 	closed     chan *amqp.Error
+	acker      *acker
 }
 
 // abort tears the session down: closing the consumer channels makes the
@@ -106,7 +107,7 @@ func openConsumer(conn *amqp.Connection, queue string, prefetch int) (*consumer,
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return nil, fmt.Errorf("set prefetch on %s: %w", queue, err)
 	}
-	c := &consumer{queue: queue, tag: "idempotent-events-worker " + queue, ch: ch}
+	c := &consumer{queue: queue, tag: "idempotent-events-worker " + queue, ch: ch, acker: newAcker(ch)}
 	if c.deliveries, err = ch.Consume(queue, c.tag, false, false, false, false, nil); err != nil {
 		return nil, fmt.Errorf("consume %s: %w", queue, err)
 	}
@@ -149,9 +150,9 @@ func (w *Worker) serve(ctx context.Context, conn *amqp.Connection) error {
 	defer hardStop()
 	var wg sync.WaitGroup
 	for i := 0; i < w.opts.Concurrency; i++ {
-		wg.Go(func() { w.consume(procCtx, s, main.deliveries) })
+		wg.Go(func() { w.consume(procCtx, s, main) })
 	}
-	wg.Go(func() { w.consume(procCtx, s, replay.deliveries) })
+	wg.Go(func() { w.consume(procCtx, s, replay) })
 	w.consuming.Store(true)
 	w.log.Info("consuming", zap.Strings("queues", []string{broker.MainQueue, broker.ReplayQueue}), zap.Int("prefetch", w.opts.Prefetch),
 		zap.Int("concurrency", w.opts.Concurrency), zap.Int("batch_size", w.opts.BatchSize))
@@ -212,15 +213,15 @@ func (w *Worker) drain(s *session, wg *sync.WaitGroup, hardStop context.CancelFu
 	}
 }
 
-// consume collects batches from deliveries and handles them until the
+// consume collects batches from c's deliveries and handles them until the
 // channel closes.
-func (w *Worker) consume(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
+func (w *Worker) consume(ctx context.Context, s *session, c *consumer) {
 	for {
-		batch := w.collect(deliveries)
+		batch := w.collect(c.deliveries)
 		if len(batch) == 0 {
 			return
 		}
-		w.handle(ctx, s, batch)
+		w.handle(ctx, s, c.acker, batch)
 	}
 }
 
@@ -268,8 +269,9 @@ func (w *Worker) collect(deliveries <-chan amqp.Delivery) []*message {
 	return batch
 }
 
-// handle processes one batch and settles every message in it.
-func (w *Worker) handle(ctx context.Context, s *session, batch []*message) {
+// handle processes one batch, carries out every message's outcome, and
+// acks the batch.
+func (w *Worker) handle(ctx context.Context, s *session, a *acker, batch []*message) {
 	w.m.inFlight.Add(float64(len(batch)))
 	defer w.m.inFlight.Sub(float64(len(batch)))
 	w.m.batchSize.Observe(float64(len(batch)))
@@ -283,13 +285,20 @@ func (w *Worker) handle(ctx context.Context, s *session, batch []*message) {
 		s.abort(err)
 		return
 	}
-	for _, m := range batch {
+	tags := make([]uint64, len(batch))
+	for i, m := range batch {
 		if err := w.settle(ctx, s, m); err != nil {
 			w.log.Error("could not settle message; reconnecting so the broker redelivers it",
 				zap.String("event_id", m.ev.ID), zap.String("outcome", m.res.Outcome.String()), zap.Error(err))
 			s.abort(err)
 			return
 		}
+		tags[i] = m.d.DeliveryTag
+	}
+	if err := a.settle(tags...); err != nil {
+		// The channel is gone; the broker redelivers and dedupe absorbs it.
+		w.m.ackFailures.Inc()
+		w.log.Warn("ack failed; the batch will be redelivered", zap.Int("size", len(batch)), zap.Error(err))
 	}
 }
 
