@@ -122,6 +122,11 @@ type Worker struct {
 	BatchSize      int           `envconfig:"WORKER_BATCH_SIZE" default:"64"`
 	BatchWait      time.Duration `envconfig:"WORKER_BATCH_WAIT" default:"5ms"`
 
+	// OutageMode is what the worker does while Postgres is unreachable:
+	// "pause" stops consuming until it answers (messages wait in
+	// events.main); "retry" sends them through the retry tiers.
+	OutageMode string `envconfig:"WORKER_OUTAGE_MODE" default:"pause"`
+
 	DBMaxConns     int32         `envconfig:"DB_MAX_CONNS" default:"10"`
 	ProcessTimeout time.Duration `envconfig:"PROCESS_TIMEOUT" default:"15s"`
 	// PublishTimeout bounds a retry or DLQ publish waiting for its confirm.

@@ -135,6 +135,11 @@ func (c *Worker) Validate() error {
 	if c.BatchWait < 0 {
 		p.add("WORKER_BATCH_WAIT", "must not be negative, got %s", c.BatchWait)
 	}
+	switch c.OutageMode {
+	case "pause", "retry":
+	default:
+		p.add("WORKER_OUTAGE_MODE", "must be pause or retry, got %q", c.OutageMode)
+	}
 	checkRange(&p, "DB_MAX_CONNS", int64(c.DBMaxConns), 1, 1000)
 	checkPositive(&p, "PROCESS_TIMEOUT", c.ProcessTimeout)
 	checkPositive(&p, "PUBLISH_TIMEOUT", c.PublishTimeout)

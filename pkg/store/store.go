@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -183,6 +184,28 @@ func (s *Store) Processed(ctx context.Context, ids []string) ([]bool, error) {
 		_, out[i] = slices.BinarySearch(found, id)
 	}
 	return out, nil
+}
+
+// IsOutage reports whether err means Postgres could not be reached or
+// talked to — no answer at all, a cut connection, a timeout, or the server
+// refusing work while it starts, stops or is out of connections — as
+// opposed to an answer about the data. Waiting, not retrying elsewhere, is
+// the cure.
+func IsOutage(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return !errors.Is(err, context.Canceled)
+	}
+	switch {
+	case strings.HasPrefix(pgErr.Code, "08"), // connection_exception
+		pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutdowns, cannot_connect_now
+		pgErr.Code == "53300": // too_many_connections
+		return true
+	}
+	return false
 }
 
 // IsPermanent reports whether err is a problem with the data itself (SQLSTATE

@@ -84,6 +84,10 @@ func redisURL(url string) option {
 	}
 }
 
+// retryOnOutage sends messages through the retry tiers while Postgres is
+// unreachable, instead of pausing.
+func retryOnOutage() option { return func(o *worker.Options, _ *env) { o.RetryOnOutage = true } }
+
 func shutdownTimeout(d time.Duration) option {
 	return func(o *worker.Options, _ *env) { o.ShutdownTimeout = d }
 }

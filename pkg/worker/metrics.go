@@ -22,6 +22,8 @@ type Metrics struct {
 	ackFailures     prometheus.Counter
 	brokerConnected prometheus.Gauge
 	brokerConnects  prometheus.Counter
+	paused          prometheus.Gauge
+	pauses          prometheus.Counter
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 3600}
@@ -91,6 +93,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Connections made to RabbitMQ; more than one means reconnects.",
 		}),
 	}
+	m.paused = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: telemetry.Namespace, Subsystem: sub, Name: "dependency_paused",
+		Help: "1 while consumption is paused because Postgres is unreachable.",
+	})
+	m.pauses = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: telemetry.Namespace, Subsystem: sub, Name: "dependency_pauses_total",
+		Help: "Times consumption was paused because Postgres became unreachable.",
+	})
+	reg.MustRegister(m.paused, m.pauses)
 	reg.MustRegister(m.events, m.duplicates, m.retries, m.deadLetters, m.batchSize, m.batchSeconds, m.txSeconds,
 		m.endToEnd, m.redisLookups, m.redisWrites, m.inFlight, m.ackFailures, m.brokerConnected, m.brokerConnects)
 	return m

@@ -19,6 +19,7 @@ import (
 // Ledger commits events; *store.Store is the real one.
 type Ledger interface {
 	Commit(ctx context.Context, recs []store.Record) ([]bool, error)
+	Ping(ctx context.Context) error
 }
 
 // Cache is the Redis fast path; *dedupe.Cache is the real one.
@@ -140,6 +141,10 @@ func (w *Worker) commit(ctx context.Context, msgs []*message, isolate bool) erro
 				}
 			}
 			return nil
+		}
+		if !w.opts.RetryOnOutage && store.IsOutage(err) {
+			// Nothing is wrong with these messages: give them back and wait.
+			return fmt.Errorf("%w: %v", errDependencyDown, err)
 		}
 		for _, m := range msgs {
 			m.res = decide(err, m.attempt, w.opts.Topology.RetryDelays)

@@ -40,6 +40,7 @@ func Run(ctx context.Context, cfg config.Worker, log *zap.Logger, reg *prometheu
 		ProcessTimeout:  cfg.ProcessTimeout,
 		PublishTimeout:  cfg.PublishTimeout,
 		ShutdownTimeout: cfg.ShutdownTimeout,
+		RetryOnOutage:   cfg.OutageMode == "retry",
 		Ledger:          st,
 		Cache:           cache,
 		Logger:          log,

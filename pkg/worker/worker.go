@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,9 @@ type Options struct {
 	PublishTimeout time.Duration
 	// ShutdownTimeout bounds finishing in-flight work after ctx is done.
 	ShutdownTimeout time.Duration
+	// RetryOnOutage sends messages through the retry tiers when Postgres is
+	// unreachable, instead of pausing consumption until it is back.
+	RetryOnOutage bool
 
 	Ledger  Ledger
 	Cache   Cache
@@ -124,6 +128,65 @@ func (w *Worker) serve(ctx context.Context, conn *amqp.Connection) error {
 		return err
 	}
 	defer pub.Close()
+	for {
+		if !w.awaitDependencies(ctx) {
+			return nil
+		}
+		err := w.consumeRound(ctx, conn, pub)
+		if !errors.Is(err, errDependencyDown) {
+			return err
+		}
+		// The consumers are closed and their deliveries back in the queue;
+		// wait for Postgres on the same connection, then consume again.
+		w.m.pauses.Inc()
+	}
+}
+
+// errDependencyDown ends a consuming round because Postgres is unreachable:
+// the round's deliveries are released unacked rather than sent through the
+// retry tiers, and consuming resumes once Postgres answers again.
+var errDependencyDown = errors.New("postgres unreachable: pausing consumption")
+
+// awaitDependencies returns once Postgres answers, or false when ctx is
+// done first. While it waits the worker is not ready and takes no messages,
+// so a Postgres outage leaves events waiting in events.main instead of
+// burning through the retry tiers toward the DLQ.
+func (w *Worker) awaitDependencies(ctx context.Context) bool {
+	backoff := 100 * time.Millisecond
+	for i := 0; ; i++ {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := w.opts.Ledger.Ping(pctx)
+		cancel()
+		if err == nil {
+			if i > 0 {
+				w.log.Info("postgres is back: resuming consumption")
+				w.m.paused.Set(0)
+			}
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		if i == 0 {
+			w.log.Warn("postgres unreachable: consumption paused until it answers", zap.Error(err))
+			w.m.paused.Set(1)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(jitter(backoff)):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+// consumeRound consumes events.main and events.replay until ctx is done,
+// the connection or a channel is lost, or processing asks to stop.
+func (w *Worker) consumeRound(ctx context.Context, conn *amqp.Connection, pub *broker.ConfirmChannel) error {
 	s := &session{pub: pub, aborted: make(chan struct{})}
 	defer func() {
 		for _, c := range s.consumers {

@@ -182,16 +182,17 @@ func TestRedisUnreachableDegradesToPostgres(t *testing.T) {
 	assert.Equal(t, 1, payments)
 }
 
-// Postgres refuses connections for a while: the event waits in the retry
-// tiers and is processed once Postgres is back. Nothing reaches the DLQ.
+// Postgres refuses connections for a while (WORKER_OUTAGE_MODE=retry): the
+// event waits in the retry tiers and is processed once Postgres is back.
+// Nothing reaches the DLQ.
 func TestPostgresOutageRetriesThenProcesses(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, broker.QueueClassic, 300*time.Millisecond, 600*time.Millisecond, time.Second, 2*time.Second, 4*time.Second)
 	proxy, err := faultproxy.Start("127.0.0.1:5432")
 	require.NoError(t, err)
 	t.Cleanup(proxy.Close)
+	w := e.start(retryOnOutage(), databaseURL(testenv.ReplaceHost(e.dbURL, proxy.Addr())))
 	proxy.SetDown(true)
-	w := e.start(databaseURL(testenv.ReplaceHost(e.dbURL, proxy.Addr())))
 
 	e.publish(e.event("evt_pg_down"))
 	eventually(t, func() bool { return w.outcomes("retried") >= 2 }, "the event goes through retry tiers")
@@ -208,14 +209,46 @@ func TestPostgresOutageRetriesThenProcesses(t *testing.T) {
 	assert.GreaterOrEqual(t, attempt, 3, "the committing attempt is recorded")
 }
 
+// Postgres unreachable in the default mode: the worker stops consuming,
+// events wait in events.main (no retry tier, no DLQ), and are processed
+// once Postgres answers again.
+func TestPostgresOutagePausesConsumption(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic, 100*time.Millisecond)
+	proxy, err := faultproxy.Start("127.0.0.1:5432")
+	require.NoError(t, err)
+	t.Cleanup(proxy.Close)
+	w := e.start(databaseURL(testenv.ReplaceHost(e.dbURL, proxy.Addr())))
+	proxy.SetDown(true)
+	for i := 0; i < 5; i++ {
+		e.publish(e.event(fmt.Sprintf("evt_pause_%d", i)))
+	}
+	eventually(t, func() bool { return w.count("idempotent_events_worker_dependency_paused") == 1 }, "paused")
+	eventually(t, func() bool { return e.broker.Depth(broker.MainQueue) == 5 }, "the events wait in events.main")
+	assert.Error(t, w.w.Ready(), "not ready while paused")
+	time.Sleep(500 * time.Millisecond) // several retry delays: nothing may move meanwhile
+	assert.Equal(t, 5, e.broker.Depth(broker.MainQueue))
+	assert.Zero(t, w.outcomes("retried"))
+	assert.Zero(t, w.outcomes("dead_lettered"))
+
+	proxy.SetDown(false)
+	eventually(t, func() bool { return w.outcomes("processed") == 5 }, "processed once Postgres is back")
+	w.stop(t)
+	assert.Zero(t, w.count("idempotent_events_worker_dependency_paused"))
+	assert.Equal(t, 0, e.broker.Depth(broker.DLQ))
+	for _, q := range e.topo.RetryQueues() {
+		assert.Equal(t, 0, e.broker.Depth(q), q)
+	}
+}
+
 func TestAttemptsExhaustedGoToTheDLQWithTheirHistory(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, broker.QueueClassic, 100*time.Millisecond, 100*time.Millisecond)
 	proxy, err := faultproxy.Start("127.0.0.1:5432")
 	require.NoError(t, err)
 	t.Cleanup(proxy.Close)
+	w := e.start(retryOnOutage(), databaseURL(testenv.ReplaceHost(e.dbURL, proxy.Addr())))
 	proxy.SetDown(true)
-	w := e.start(databaseURL(testenv.ReplaceHost(e.dbURL, proxy.Addr())))
 
 	e.publish(e.event("evt_exhausted"))
 	eventually(t, func() bool { return w.outcomes("dead_lettered") == 1 }, "dead-lettered after the last tier")
