@@ -26,7 +26,7 @@ dev: services build ## Migrate, then run receiver + worker in the foreground aga
 	BIN=$(BIN) hack/dev.sh
 
 .PHONY: test
-test: services lint test-go check-observability check-deploy ## The whole suite: lint, Go tests on the real services, alert/dashboard checks, chart/image/dev-loop checks
+test: services lint test-go chaos-short check-observability check-deploy ## The whole suite: lint, Go tests on the real services, a short chaos run, alert/dashboard checks, chart/image/dev-loop checks
 
 .PHONY: lint
 lint: ## gofmt and go vet
@@ -36,6 +36,18 @@ lint: ## gofmt and go vet
 .PHONY: test-go
 test-go: ## Go tests (unit + integration against 127.0.0.1 services), race detector on
 	$(GO) test -race -count=1 -timeout 30m ./...
+
+.PHONY: chaos-short
+chaos-short: ## Every chaos scenario, small: 500 events x 4 deliveries each, 10 s Postgres outage (about 4 minutes)
+	$(GO) run ./hack/chaos -events 500 -dups 3 -duration 8s -pg-outage 10s
+
+.PHONY: chaos
+chaos: services ## The long chaos run: 50,000 events x 4 deliveries per scenario, 60 s Postgres outage, real FLUSHALL
+	$(GO) run ./hack/chaos -events 50000 -dups 3 -duration 60s -pg-outage 60s -flushall
+
+.PHONY: bench
+bench: services ## Benchmark harness: receiver, worker, end-to-end and memory beside this machine's raw limits (medians of 3 runs)
+	$(GO) run ./hack/bench -runs 3
 
 .PHONY: check-observability
 check-observability: ## promtool check/test of the alert rules, dashboard validation, runbook coverage
