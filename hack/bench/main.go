@@ -17,13 +17,19 @@ import (
 	"crypto/sha256"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idempotent-events/idempotent-events/hack/internal/harness"
@@ -37,14 +43,14 @@ type options struct {
 	rate                                 int
 	rateFor                              time.Duration
 	workerEnv, receiverEnv               string
-	only                                 string
+	only, profileDir                     string
 }
 
 func main() {
 	var o options
 	flag.IntVar(&o.events, "events", 100_000, "unique events in the main workload")
 	flag.IntVar(&o.dups, "dups", 2, "extra deliveries of each event (duplicates)")
-	flag.IntVar(&o.conc, "concurrency", 64, "concurrent HTTP clients against the receiver")
+	flag.IntVar(&o.conc, "concurrency", 128, "concurrent HTTP clients against the receiver")
 	flag.IntVar(&o.seedEvents, "seed-events", 10_000, "unique events for the seed-configuration comparison (each sent 1+dups times)")
 	flag.IntVar(&o.runs, "runs", 3, "runs; figures are medians over runs")
 	flag.IntVar(&o.rate, "rate", 1000, "offered events/s for the end-to-end latency phase")
@@ -52,7 +58,14 @@ func main() {
 	flag.StringVar(&o.workerEnv, "worker-env", "", "extra worker settings for our configuration, e.g. WORKER_BATCH_SIZE=128,WORKER_PREFETCH=512")
 	flag.StringVar(&o.receiverEnv, "receiver-env", "", "extra receiver settings, e.g. PUBLISH_CHANNELS=8")
 	flag.StringVar(&o.only, "only", "", "run only one phase: raw, main, seed, e2e (for profiling; prints that phase's lines)")
+	flag.StringVar(&o.profileDir, "profile", "", "write 10 s CPU profiles of the receiver and the worker under load to this directory")
 	flag.Parse()
+	if o.profileDir != "" {
+		check(os.MkdirAll(o.profileDir, 0o755))
+		o.receiverEnv = strings.Trim(o.receiverEnv+",METRICS_PPROF=true", ",")
+		o.workerEnv = strings.Trim(o.workerEnv+",METRICS_PPROF=true", ",")
+	}
+	profileDir = o.profileDir
 
 	binDir, err := os.MkdirTemp("", "ie-bench-bin")
 	check(err)
@@ -68,6 +81,33 @@ func main() {
 		all = append(all, f)
 	}
 	median(all).print(fmt.Sprintf("MEDIAN of %d runs", len(all)))
+}
+
+// profileDir, when set, receives CPU profiles taken under load.
+var profileDir string
+
+// profile fetches a CPU profile of the process serving metricsAddr in the
+// background; wait for the returned channel before stopping the process.
+func profile(name, metricsAddr string) <-chan struct{} {
+	done := make(chan struct{})
+	if profileDir == "" {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		resp, err := http.Get("http://" + metricsAddr + "/debug/pprof/profile?seconds=10")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "profile:", err)
+			return
+		}
+		defer resp.Body.Close()
+		f, err := os.Create(filepath.Join(profileDir, name+".pprof"))
+		check(err)
+		defer f.Close()
+		_, _ = io.Copy(f, resp.Body)
+	}()
+	return done
 }
 
 func check(err error) {
@@ -212,8 +252,12 @@ func rawBroker(ctx context.Context, binDir string, n int) (publish, consume floa
 	}()
 	start := time.Now()
 	for i := 0; i < n; i++ {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", "bench.raw", true, false,
-			amqp.Publishing{DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: body})
+		// The same properties and headers as the receiver's messages.
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", "bench.raw", true, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: body, MessageId: "evt_raw_benchmark_body_00000000",
+			Type: "payment_intent.succeeded", Timestamp: time.Now(), CorrelationId: strconv.FormatInt(int64(i), 36),
+			Headers: amqp.Table{broker.HeaderSource: "stripe", broker.HeaderReceivedAt: time.Now().UnixMilli()},
+		})
 		check(err)
 		window <- dc
 	}
@@ -358,12 +402,14 @@ func percentile(d []time.Duration, p float64) float64 {
 func mainWorkload(ctx context.Context, binDir string, o options) (rps, p50, p99, rRSS, wRate, wUnique, wRSS float64) {
 	s := newStack(ctx, binDir)
 	defer s.Close()
-	httpAddr := harness.FreeAddr()
+	httpAddr, metricsAddr := harness.FreeAddr(), harness.FreeAddr()
 	rcv, err := s.Start("receiver", "receiver", s.Env(append([]string{"WEBHOOK_SECRETS=whsec_bench", "HTTP_ADDR=" + httpAddr,
-		"METRICS_ADDR=" + harness.FreeAddr()}, splitEnv(o.receiverEnv)...)...))
+		"METRICS_ADDR=" + metricsAddr}, splitEnv(o.receiverEnv)...)...))
 	check(err)
 	defer rcv.Term(30 * time.Second)
 	check(harness.WaitHTTP("http://"+httpAddr+"/readyz", 20*time.Second))
+	profiled := profile("receiver", metricsAddr)
+	defer func() { <-profiled }()
 
 	list := deliveries(ids("main", o.events), o.dups)
 	bodies := make([][]byte, len(list))
@@ -398,9 +444,14 @@ func drainWith(ctx context.Context, s *harness.Stack, delivered, unique int, env
 	ch, err := conn.Channel()
 	check(err)
 	start := time.Now()
-	w, err := s.Start("worker", "worker", s.Env(append([]string{"METRICS_ADDR=" + harness.FreeAddr()}, env...)...))
+	metricsAddr := harness.FreeAddr()
+	w, err := s.Start("worker", "worker", s.Env(append([]string{"METRICS_ADDR=" + metricsAddr}, env...)...))
 	check(err)
 	defer w.Term(30 * time.Second)
+	if harness.WaitHTTP("http://"+metricsAddr+"/livez", 10*time.Second) == nil && delivered > 50_000 {
+		profiled := profile("worker", metricsAddr)
+		defer func() { <-profiled }()
+	}
 	for {
 		l, err := s.ReadLedger(ctx)
 		check(err)
@@ -419,7 +470,39 @@ func drainWith(ctx context.Context, s *harness.Stack, delivered, unique int, env
 	}
 	elapsed := time.Since(start).Seconds()
 	_, peak := w.RSS()
+	printWorkerShape(metricsAddr)
 	return float64(delivered) / elapsed, float64(unique) / elapsed, mib(peak)
+}
+
+// printWorkerShape prints the mean batch size, batch time and transaction
+// time the worker reports, which explain its throughput.
+func printWorkerShape(metricsAddr string) {
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return
+	}
+	mean := func(name string) (float64, uint64) {
+		mf := mfs[name]
+		if mf == nil || len(mf.GetMetric()) == 0 {
+			return 0, 0
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		if h.GetSampleCount() == 0 {
+			return 0, 0
+		}
+		return h.GetSampleSum() / float64(h.GetSampleCount()), h.GetSampleCount()
+	}
+	size, batches := mean("idempotent_events_worker_batch_size")
+	batchTime, _ := mean("idempotent_events_worker_batch_duration_seconds")
+	txTime, txs := mean("idempotent_events_worker_postgres_transaction_seconds")
+	fmt.Printf("  worker shape: %d batches of %.1f deliveries on average, %.1f ms per batch, %d transactions of %.1f ms\n",
+		batches, size, 1000*batchTime, txs, 1000*txTime)
 }
 
 // workerOnly publishes unique×(1+dups) events straight to the exchange, then

@@ -36,6 +36,9 @@ const (
 	// message was first published, so a replay can send it back there.
 	HeaderOriginalExchange   = "x-ie-original-exchange"
 	HeaderOriginalRoutingKey = "x-ie-original-routing-key"
+	// HeaderPublishID was the publisher's internal return-matching header;
+	// the publisher now uses CorrelationId. Copies made by tools drop it.
+	HeaderPublishID = "x-ie-publish-id"
 )
 
 // Int reads an integer header of any AMQP integer type.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -21,10 +22,6 @@ var (
 	// ErrReturned: the message reached no queue (basic.return).
 	ErrReturned = errors.New("broker returned the message as unroutable")
 )
-
-// HeaderPublishID carries the per-channel publish id that lets a
-// basic.return be matched to its publish. It is internal to this package.
-const HeaderPublishID = "x-ie-publish-id"
 
 // ConfirmChannel is one AMQP channel in confirm mode that many goroutines
 // may publish on at once.
@@ -101,7 +98,7 @@ func (c *ConfirmChannel) dispatch(confirms <-chan amqp.Confirmation, returns <-c
 				returns = nil
 				continue
 			}
-			if id, ok := ret.Headers[HeaderPublishID].(int64); ok {
+			if id, err := strconv.ParseInt(ret.CorrelationId, 36, 64); err == nil {
 				c.mu.Lock()
 				c.returned[id] = fmt.Sprintf("%d %s", ret.ReplyCode, ret.ReplyText)
 				c.mu.Unlock()
@@ -147,7 +144,8 @@ func (c *ConfirmChannel) resolveLocked(id int64, ack bool) {
 
 // Publish sends msg as persistent and mandatory and waits for the broker's
 // confirm. It returns nil only if the broker acked the message and did not
-// return it. Publish takes ownership of msg.Headers.
+// return it. msg.CorrelationId is overwritten: it carries the per-channel
+// publish id that matches a basic.return to its publish.
 func (c *ConfirmChannel) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
 	id := c.nextID.Add(1)
 	w := make(chan error, 1)
@@ -160,10 +158,7 @@ func (c *ConfirmChannel) Publish(ctx context.Context, exchange, key string, msg 
 	c.waiters[id] = w
 	c.mu.Unlock()
 
-	if msg.Headers == nil {
-		msg.Headers = amqp.Table{}
-	}
-	msg.Headers[HeaderPublishID] = id
+	msg.CorrelationId = strconv.FormatInt(id, 36)
 	msg.DeliveryMode = amqp.Persistent
 	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
 	if err != nil {

@@ -39,6 +39,8 @@ type Connections struct {
 type Logging struct {
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"json"`
+	// Pprof serves Go's /debug/pprof profiles on METRICS_ADDR.
+	Pprof bool `envconfig:"METRICS_PPROF" default:"false"`
 }
 
 // Topology describes the RabbitMQ queues both receiver and worker declare.
@@ -86,7 +88,7 @@ type Receiver struct {
 	InsecureSkipVerify bool          `envconfig:"INSECURE_SKIP_SIGNATURE_VERIFICATION" default:"false"`
 
 	PublishTimeout  time.Duration `envconfig:"PUBLISH_TIMEOUT" default:"5s"`
-	PublishChannels int           `envconfig:"PUBLISH_CHANNELS" default:"4"`
+	PublishChannels int           `envconfig:"PUBLISH_CHANNELS" default:"1"`
 	MaxInFlight     int           `envconfig:"RECEIVER_MAX_IN_FLIGHT" default:"1024"`
 	RetryAfter      time.Duration `envconfig:"RECEIVER_RETRY_AFTER" default:"5s"`
 
@@ -113,13 +115,14 @@ type Worker struct {
 	Logging
 	Topology
 	Dedupe
+	Admin
 
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9091"`
 
-	Prefetch       int           `envconfig:"WORKER_PREFETCH" default:"256"`
+	Prefetch       int           `envconfig:"WORKER_PREFETCH" default:"1024"`
 	ReplayPrefetch int           `envconfig:"WORKER_REPLAY_PREFETCH" default:"4"`
 	Concurrency    int           `envconfig:"WORKER_CONCURRENCY" default:"4"`
-	BatchSize      int           `envconfig:"WORKER_BATCH_SIZE" default:"64"`
+	BatchSize      int           `envconfig:"WORKER_BATCH_SIZE" default:"128"`
 	BatchWait      time.Duration `envconfig:"WORKER_BATCH_WAIT" default:"5ms"`
 
 	// OutageMode is what the worker does while Postgres is unreachable:

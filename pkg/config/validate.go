@@ -127,6 +127,7 @@ func (c *Worker) Validate() error {
 	c.Logging.validate(&p)
 	c.Topology.validate(&p)
 	c.Dedupe.validate(&p)
+	c.Admin.validate(&p)
 	validateAddr(&p, "METRICS_ADDR", c.MetricsAddr)
 	checkRange(&p, "WORKER_PREFETCH", int64(c.Prefetch), 1, 65535)
 	checkRange(&p, "WORKER_REPLAY_PREFETCH", int64(c.ReplayPrefetch), 1, 1000)

@@ -24,17 +24,22 @@ type Ledger interface {
 // so the caller can go the safe way (publish and let the worker decide).
 // Without a Ledger only Redis is asked, and a Redis error is returned.
 type Checker struct {
-	Cache  *Cache
+	Cache  Lookup
 	Ledger Ledger
+}
+
+// Lookup answers for one event whether Redis says it committed; *Coalescer
+// is the one the receiver uses.
+type Lookup interface {
+	Committed(ctx context.Context, id string) (bool, error)
 }
 
 // Committed reports whether id has committed and which layer knew it.
 // redisErr is set when Redis failed but Postgres still answered.
 func (c Checker) Committed(ctx context.Context, id string) (ok bool, layer Layer, redisErr, err error) {
-	ids := []string{id}
 	if c.Cache != nil {
-		hits, rerr := c.Cache.Committed(ctx, ids)
-		if rerr == nil && hits[0] {
+		hit, rerr := c.Cache.Committed(ctx, id)
+		if rerr == nil && hit {
 			return true, LayerRedis, nil, nil
 		}
 		redisErr = rerr
@@ -42,7 +47,7 @@ func (c Checker) Committed(ctx context.Context, id string) (ok bool, layer Layer
 	if c.Ledger == nil {
 		return false, "", redisErr, redisErr
 	}
-	found, err := c.Ledger.Processed(ctx, ids)
+	found, err := c.Ledger.Processed(ctx, []string{id})
 	if err != nil {
 		return false, "", redisErr, err
 	}

@@ -2,6 +2,8 @@ package dedupe_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,7 +60,7 @@ func TestCheckerFallsThroughToTheLedger(t *testing.T) {
 	down, err := dedupe.Open("redis://127.0.0.1:1/0", "x:", time.Minute)
 	require.NoError(t, err)
 	defer down.Close()
-	chk := dedupe.Checker{Cache: down, Ledger: ledger{"evt_done": true}}
+	chk := dedupe.Checker{Cache: coalesce(t, down), Ledger: ledger{"evt_done": true}}
 
 	ok, layer, redisErr, err := chk.Committed(context.Background(), "evt_done")
 	require.NoError(t, err)
@@ -77,7 +79,7 @@ func TestRedisOnlyCheckerNeverGuesses(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	require.NoError(t, c.MarkCommitted(context.Background(), []string{"evt_known"}))
-	chk := dedupe.Checker{Cache: c}
+	chk := dedupe.Checker{Cache: coalesce(t, c)}
 	ok, layer, _, err := chk.Committed(context.Background(), "evt_known")
 	require.NoError(t, err)
 	assert.True(t, ok)
@@ -89,7 +91,38 @@ func TestRedisOnlyCheckerNeverGuesses(t *testing.T) {
 	down, err := dedupe.Open("redis://127.0.0.1:1/0", "x:", time.Minute)
 	require.NoError(t, err)
 	defer down.Close()
-	ok, _, _, err = dedupe.Checker{Cache: down}.Committed(context.Background(), "evt_known")
+	ok, _, _, err = dedupe.Checker{Cache: coalesce(t, down)}.Committed(context.Background(), "evt_known")
 	assert.Error(t, err, "an unreachable Redis is an error, so the receiver publishes")
 	assert.False(t, ok)
+}
+
+// coalesce runs a Coalescer over c until the test ends.
+func coalesce(t *testing.T, c *dedupe.Cache) *dedupe.Coalescer {
+	co := dedupe.NewCoalescer(c, time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); co.Run(ctx, 2) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return co
+}
+
+// Many concurrent lookups are answered correctly through shared MGETs.
+func TestCoalescerAnswersConcurrentLookups(t *testing.T) {
+	t.Parallel()
+	c, err := dedupe.Open(testenv.RedisURL, testenv.RedisPrefix(t), time.Minute)
+	require.NoError(t, err)
+	defer c.Close()
+	ctx := context.Background()
+	require.NoError(t, c.MarkCommitted(ctx, []string{"evt_0", "evt_2", "evt_4"}))
+	co := coalesce(t, c)
+	var wg sync.WaitGroup
+	for i := 0; i < 500; i++ {
+		wg.Go(func() {
+			id := fmt.Sprintf("evt_%d", i%6)
+			hit, err := co.Committed(ctx, id)
+			assert.NoError(t, err)
+			assert.Equal(t, i%6%2 == 0 && i%6 <= 4, hit, id)
+		})
+	}
+	wg.Wait()
 }

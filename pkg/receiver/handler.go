@@ -197,7 +197,6 @@ func (h *Handler) payment(w http.ResponseWriter, r *http.Request) {
 		MessageId:   ev.ID,
 		Type:        ev.Type,
 		Timestamp:   now,
-		AppId:       "idempotent-events-receiver",
 		Body:        body,
 		Headers: amqp.Table{
 			broker.HeaderSource:     "stripe",

@@ -116,7 +116,12 @@ func start(t *testing.T, s setup) *fixture {
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = cache.Close() })
 		f.store = st
-		opts.Duplicates = dedupe.Checker{Cache: cache, Ledger: st}
+		lookups := dedupe.NewCoalescer(cache, time.Second)
+		lctx, stop := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); lookups.Run(lctx, 2) }()
+		t.Cleanup(func() { stop(); <-done })
+		opts.Duplicates = dedupe.Checker{Cache: lookups, Ledger: st}
 	}
 	srv := httptest.NewServer(receiver.NewHandler(opts))
 	t.Cleanup(srv.Close)

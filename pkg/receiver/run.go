@@ -49,7 +49,12 @@ func Run(ctx context.Context, cfg config.Receiver, log *zap.Logger, reg *prometh
 			return err
 		}
 		defer cache.Close()
-		chk := dedupe.Checker{Cache: cache}
+		lookups := dedupe.NewCoalescer(cache, cfg.DuplicateCheckTimeout)
+		lookupCtx, stopLookups := context.WithCancel(context.WithoutCancel(ctx))
+		lookupsDone := make(chan struct{})
+		go func() { defer close(lookupsDone); lookups.Run(lookupCtx, 4) }()
+		defer func() { stopLookups(); <-lookupsDone }()
+		chk := dedupe.Checker{Cache: lookups}
 		if cfg.DuplicateCheck == config.DuplicateCheckPostgres {
 			st, err := store.Open(ctx, cfg.DatabaseURL, 8)
 			if err != nil {
@@ -87,7 +92,7 @@ func Run(ctx context.Context, cfg config.Receiver, log *zap.Logger, reg *prometh
 	})
 	var metricsErr error
 	wg.Go(func() {
-		metricsErr = telemetry.Serve(ctx, telemetry.Server(telemetry.MetricsHandler(reg, h.Ready)), metricsLn, cfg.ShutdownTimeout)
+		metricsErr = telemetry.Serve(ctx, telemetry.Server(telemetry.MetricsHandler(reg, h.Ready, cfg.Pprof)), metricsLn, cfg.ShutdownTimeout)
 	})
 
 	log.Info("receiver listening", zap.String("http_addr", httpLn.Addr().String()), zap.String("metrics_addr", metricsLn.Addr().String()))

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"runtime"
 	"time"
 
@@ -68,11 +69,17 @@ func HealthRoutes(mux *http.ServeMux, ready ReadyFunc) {
 	})
 }
 
-// MetricsHandler serves /metrics from reg plus /livez and /readyz.
-func MetricsHandler(reg *prometheus.Registry, ready ReadyFunc) http.Handler {
+// MetricsHandler serves /metrics from reg plus /livez and /readyz, and Go's
+// /debug/pprof profiles when withPprof is set.
+func MetricsHandler(reg *prometheus.Registry, ready ReadyFunc, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	HealthRoutes(mux, ready)
+	if withPprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 

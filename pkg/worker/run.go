@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/idempotent-events/idempotent-events/pkg/admin"
 	"github.com/idempotent-events/idempotent-events/pkg/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/config"
 	"github.com/idempotent-events/idempotent-events/pkg/dedupe"
@@ -51,6 +52,12 @@ func Run(ctx context.Context, cfg config.Worker, log *zap.Logger, reg *prometheu
 	if err != nil {
 		return err
 	}
+	// The DLQ admin API and page, only when ADMIN_TOKEN is set.
+	adm, err := admin.FromConfig(cfg.Admin, cfg.AMQPURL, cfg.PublishTimeout, st.Pool(), log.Named("admin"), reg)
+	if err != nil {
+		_ = metricsLn.Close()
+		return err
+	}
 	var wg sync.WaitGroup
 	mgmt, err := queuestats.ManagementURL(cfg.RabbitMQManagementURL, cfg.AMQPURL)
 	if err != nil {
@@ -67,12 +74,15 @@ func Run(ctx context.Context, cfg config.Worker, log *zap.Logger, reg *prometheu
 			stats.Run(ctx, cfg.QueueStatsInterval, func(err error) { qlog.Warn("queue stats unavailable", zap.Error(err)) })
 		})
 	}
-	var metricsErr error
+	var metricsErr, adminErr error
 	wg.Go(func() {
-		metricsErr = telemetry.Serve(ctx, telemetry.Server(telemetry.MetricsHandler(reg, w.Ready)), metricsLn, cfg.ShutdownTimeout)
+		metricsErr = telemetry.Serve(ctx, telemetry.Server(telemetry.MetricsHandler(reg, w.Ready, cfg.Pprof)), metricsLn, cfg.ShutdownTimeout)
 	})
+	if adm != nil {
+		wg.Go(func() { adminErr = adm.Run(ctx, cfg.ShutdownTimeout) })
+	}
 	log.Info("worker starting", zap.String("metrics_addr", metricsLn.Addr().String()))
 	err = w.Run(ctx, broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events worker", MaxBackoff: cfg.AMQPReconnectMaxBackoff})
 	wg.Wait()
-	return errors.Join(err, metricsErr)
+	return errors.Join(err, metricsErr, adminErr)
 }

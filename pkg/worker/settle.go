@@ -60,7 +60,6 @@ func (w *Worker) publishCopy(ctx context.Context, s *session, queue string, m *m
 	for k, v := range m.d.Headers {
 		h[k] = v
 	}
-	delete(h, broker.HeaderPublishID)
 	now := time.Now().UTC().Format(time.RFC3339Nano)
 	errText := "unknown error"
 	if m.res.Err != nil {
@@ -91,7 +90,6 @@ func (w *Worker) publishCopy(ctx context.Context, s *session, queue string, m *m
 		MessageId:       m.d.MessageId,
 		Timestamp:       m.d.Timestamp,
 		Type:            m.d.Type,
-		AppId:           m.d.AppId,
 		Body:            m.d.Body,
 	}
 	pctx, cancel := context.WithTimeout(ctx, w.opts.PublishTimeout)
