@@ -64,7 +64,7 @@ func TestChartLint(t *testing.T) {
 			for _, m := range res.Messages {
 				if m.Severity >= support.WarningSev {
 					t.Errorf("lint: %s", m)
-				} else {
+				} else if m.Severity > support.InfoSev {
 					t.Logf("lint: %s", m)
 				}
 			}
@@ -97,6 +97,9 @@ func TestChartRendersEveryScenario(t *testing.T) {
 				}
 				t.Logf("%d objects: %s", len(r.objects), r.summary())
 				checkRendering(t, r, cv.apis)
+				if dir := os.Getenv("DEPLOYTEST_RENDER_DIR"); dir != "" && cv.apis != nil {
+					writeRendering(t, filepath.Join(dir, s.name+".yaml"), r)
+				}
 			})
 		}
 	}
@@ -891,5 +894,22 @@ func checkNotes(t *testing.T, r *rendering) {
 		if !strings.Contains(r.notes, want) {
 			t.Errorf("NOTES.txt does not mention %q", want)
 		}
+	}
+}
+
+// writeRendering saves the objects as one multi-document YAML file, for the
+// kubernetes-models validation of hack/deploytest/crdcheck.
+func writeRendering(t *testing.T, path string, r *rendering) {
+	t.Helper()
+	var b strings.Builder
+	for _, o := range r.objects {
+		b.WriteString("---\n# Source: " + o.file + "\n")
+		b.Write(o.raw)
+		if !strings.HasSuffix(string(o.raw), "\n") {
+			b.WriteString("\n")
+		}
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -108,7 +108,7 @@ func TestDockerfile(t *testing.T) {
 			user = c.User
 		case *instructions.LabelCommand:
 			for _, kv := range c.Labels {
-				labels[kv.Key] = kv.Value
+				labels[kv.Key] = strings.Trim(kv.Value, `"`)
 			}
 		case *instructions.EntrypointCommand:
 			entrypoint = c.CmdLine

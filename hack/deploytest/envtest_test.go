@@ -2,14 +2,18 @@ package deploytest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -146,4 +150,57 @@ func TestAPIServerDryRun(t *testing.T) {
 	if accepted == 0 {
 		t.Fatal("nothing was sent to the API server")
 	}
+
+	// Negative controls: the server rejects an unknown field (strict field
+	// validation) and an invalid value (its own validation), so the dry runs
+	// above prove something.
+	r, err := renderChart(renderOpts{})
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	base := r.mustFind(t, "Deployment", fullname+"-receiver").u
+	unknown := base.DeepCopy()
+	if err := unstructuredSetField(unknown.Object, "x", "spec", "template", "spec", "containers", "0", "bogusField"); err != nil {
+		t.Fatal(err)
+	}
+	invalid := base.DeepCopy()
+	invalid.SetName("Not_A_DNS_Name")
+	deployments := appsv1.SchemeGroupVersion.WithResource("deployments")
+	for _, c := range []struct {
+		name string
+		obj  *unstructured.Unstructured
+		want string
+	}{{"unknown field", unknown, `unknown field "spec.template.spec.containers[0].bogusField"`}, {"invalid name", invalid, "Not_A_DNS_Name"}} {
+		_, err := dyn.Resource(deployments).Namespace(namespace).Create(ctx, c.obj, metav1.CreateOptions{
+			DryRun: []string{metav1.DryRunAll}, FieldValidation: metav1.FieldValidationStrict,
+		})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("negative control %q: want an error containing %q, got %v", c.name, c.want, err)
+		}
+	}
+}
+
+// unstructuredSetField sets a field, treating numeric path parts as list indexes.
+func unstructuredSetField(obj map[string]any, value any, path ...string) error {
+	var cur any = obj
+	for i, p := range path {
+		last := i == len(path)-1
+		switch node := cur.(type) {
+		case map[string]any:
+			if last {
+				node[p] = value
+				return nil
+			}
+			cur = node[p]
+		case []any:
+			idx, err := strconv.Atoi(p)
+			if err != nil || idx >= len(node) {
+				return fmt.Errorf("bad index %q", p)
+			}
+			cur = node[idx]
+		default:
+			return fmt.Errorf("cannot descend into %T at %q", cur, p)
+		}
+	}
+	return nil
 }

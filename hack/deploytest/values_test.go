@@ -2,7 +2,6 @@ package deploytest
 
 import (
 	"bufio"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -266,5 +265,3 @@ func insideValue(lines []string, i, indent int) bool {
 	}
 	return false
 }
-
-var _ = fmt.Sprint

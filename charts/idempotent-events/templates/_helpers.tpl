@@ -84,7 +84,7 @@ app.kubernetes.io/component: {{ .component }}
 {{/* Name of a bundled subchart's objects (the subcharts use <release>-<name> or their fullnameOverride). */}}
 {{- define "idempotent-events.subchartFullname" -}}
 {{- $sub := index .ctx.Values .name -}}
-{{- default (printf "%s-%s" .ctx.Release.Name .name) $sub.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- default (printf "%s-%s" .ctx.Release.Name .name) (dig "fullnameOverride" "" $sub) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{/*
@@ -226,15 +226,22 @@ key: DATABASE_URL
     {{- toYaml .Values.securityContext | nindent 4 }}
 {{- end -}}
 
-{{/* Pod annotations that roll the pods when their configuration changes. */}}
+{{/*
+Pod annotations that roll the pods when their configuration changes: hashes
+of the values the ConfigMaps and the chart's Secret are made from (not of the
+rendered files, so a generated secret does not roll pods on every upgrade).
+*/}}
 {{- define "idempotent-events.configChecksums" -}}
-checksum/config: {{ include (print .Template.BasePath "/config/configmap.yaml") . | sha256sum }}
-checksum/secret: {{ include (print .Template.BasePath "/config/secret.yaml") . | sha256sum }}
+checksum/config: {{ list .Values.config .Values.receiver.config .Values.worker.config | toJson | sha256sum }}
+checksum/secret: {{ list .Values.webhook .Values.externalRabbitmq .Values.externalRedis .Values.externalDatabase | toJson | sha256sum }}
 {{- end -}}
 
-{{/* PodDisruptionBudget spec body from {enabled, minAvailable, maxUnavailable}. */}}
+{{/*
+PodDisruptionBudget spec body from {enabled, minAvailable, maxUnavailable}.
+Helm drops keys whose value is null, hence hasKey.
+*/}}
 {{- define "idempotent-events.pdbBudget" -}}
-{{- if not (kindIs "invalid" .minAvailable) -}}
+{{- if and (hasKey . "minAvailable") (not (kindIs "invalid" (get . "minAvailable"))) -}}
 minAvailable: {{ .minAvailable }}
 {{- else -}}
 maxUnavailable: {{ .maxUnavailable }}
