@@ -26,7 +26,11 @@ dev: services build ## Migrate, then run receiver + worker in the foreground aga
 	BIN=$(BIN) hack/dev.sh
 
 .PHONY: test
-test: services lint test-go chaos-short check-observability check-deploy ## The whole suite: lint, Go tests on the real services, a short chaos run, alert/dashboard checks, chart/image/dev-loop checks
+test: services browser lint test-go chaos-short check-observability check-deploy ## The whole suite: lint, Go tests on the real services, a short chaos run, alert/dashboard checks, chart/image/dev-loop checks
+
+.PHONY: browser
+browser: ## Install Debian's headless Chromium for the DLQ page's browser test (needs root + apt; in CI a failure is fatal)
+	@hack/install-browser.sh || { if [ -n "$${CI:-}" ]; then exit 1; fi; echo "browser: not installed; the browser test will try again and skip if it cannot"; }
 
 .PHONY: lint
 lint: ## gofmt and go vet
@@ -36,6 +40,14 @@ lint: ## gofmt and go vet
 .PHONY: test-go
 test-go: ## Go tests (unit + integration against 127.0.0.1 services), race detector on
 	$(GO) test -race -count=1 -timeout 30m ./...
+
+.PHONY: fuzz-short
+fuzz-short: ## Every fuzz target (signature parsers, event decoders) for 5 s
+	hack/fuzz.sh 5s
+
+.PHONY: fuzz
+fuzz: ## Every fuzz target for 3 minutes
+	hack/fuzz.sh 3m
 
 .PHONY: chaos-short
 chaos-short: ## Every chaos scenario, small: 500 events x 4 deliveries each, 10 s Postgres outage (about 4 minutes)

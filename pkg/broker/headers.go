@@ -10,8 +10,16 @@ import (
 // worker maintains the rest on retry and DLQ copies. They are documented in
 // README, since operators read them on messages in the DLQ.
 const (
-	// HeaderSource names the webhook source ("stripe").
+	// HeaderSource names the webhook source ("stripe" for /webhooks/payment,
+	// the configured name for /webhooks/{source}).
 	HeaderSource = "x-ie-source"
+	// HeaderScheme is the source's signature scheme (stripe, standard,
+	// github), which says how to read the body.
+	HeaderScheme = "x-ie-scheme"
+	// HeaderEventID and HeaderEventType carry the provider's event id and
+	// type for schemes that send them in headers (Standard Webhooks, GitHub).
+	HeaderEventID   = "x-ie-event-id"
+	HeaderEventType = "x-ie-event-type"
 	// HeaderReceivedAt is when the receiver accepted the event, in unix
 	// milliseconds; end-to-end latency is measured from it.
 	HeaderReceivedAt = "x-ie-received-at"

@@ -82,7 +82,11 @@ type Receiver struct {
 	// WebhookSecrets are the Stripe signing secrets; more than one during a
 	// rotation. Without any the receiver refuses to start, unless
 	// InsecureSkipVerify is set.
-	WebhookSecrets     List          `envconfig:"WEBHOOK_SECRETS" sensitive:"true"`
+	WebhookSecrets List `envconfig:"WEBHOOK_SECRETS" sensitive:"true"`
+	// WebhookSources adds a route /webhooks/{name} per "name:scheme" item
+	// (scheme stripe, standard or github); each reads its own secrets from
+	// WEBHOOK_SECRETS_<NAME> (upper case, - as _).
+	WebhookSources     List          `envconfig:"WEBHOOK_SOURCES"`
 	WebhookTolerance   time.Duration `envconfig:"WEBHOOK_TOLERANCE" default:"5m"`
 	WebhookMaxBody     int64         `envconfig:"WEBHOOK_MAX_BODY_BYTES" default:"1048576"`
 	InsecureSkipVerify bool          `envconfig:"INSECURE_SKIP_SIGNATURE_VERIFICATION" default:"false"`
@@ -100,6 +104,18 @@ type Receiver struct {
 	DuplicateCheckTimeout time.Duration `envconfig:"DUPLICATE_CHECK_TIMEOUT" default:"100ms"`
 
 	ShutdownTimeout time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"20s"`
+
+	// Sources is WebhookSources with their secrets, filled by Validate.
+	Sources []Source `ignored:"true"`
+}
+
+// Source is one configured webhook source.
+type Source struct {
+	Name    string
+	Scheme  string
+	Secrets []string
+	// SecretsVar is the variable the secrets were read from.
+	SecretsVar string
 }
 
 // Duplicate check modes of the receiver.

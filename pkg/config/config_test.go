@@ -101,7 +101,7 @@ var known = map[string]bool{}
 
 func init() {
 	for _, n := range strings.Fields(`METRICS_PPROF AMQP_URL REDIS_URL DATABASE_URL AMQP_RECONNECT_MAX_BACKOFF LOG_LEVEL LOG_FORMAT
-		QUEUE_TYPE RETRY_DELAYS QUORUM_DELIVERY_LIMIT REDIS_KEY_PREFIX DEDUPE_TTL HTTP_ADDR METRICS_ADDR WEBHOOK_SECRETS
+		QUEUE_TYPE RETRY_DELAYS QUORUM_DELIVERY_LIMIT WEBHOOK_SOURCES REDIS_KEY_PREFIX DEDUPE_TTL HTTP_ADDR METRICS_ADDR WEBHOOK_SECRETS
 		WEBHOOK_TOLERANCE WEBHOOK_MAX_BODY_BYTES INSECURE_SKIP_SIGNATURE_VERIFICATION PUBLISH_TIMEOUT PUBLISH_CHANNELS
 		RECEIVER_MAX_IN_FLIGHT RECEIVER_RETRY_AFTER DUPLICATE_CHECK DUPLICATE_CHECK_TIMEOUT SHUTDOWN_TIMEOUT
 		WORKER_PREFETCH WORKER_REPLAY_PREFETCH WORKER_CONCURRENCY WORKER_BATCH_SIZE WORKER_BATCH_WAIT WORKER_OUTAGE_MODE DB_MAX_CONNS PROCESS_TIMEOUT
@@ -122,4 +122,30 @@ func requireProblem(t *testing.T, err error, variable string) {
 		}
 	}
 	t.Fatalf("no problem reported for %s in: %v", variable, err)
+}
+
+func TestWebhookSources(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv("WEBHOOK_SECRETS", "whsec_stripe")
+	t.Setenv("WEBHOOK_SOURCES", "acme:standard,gh-app:github")
+	t.Setenv("WEBHOOK_SECRETS_ACME", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+	t.Setenv("WEBHOOK_SECRETS_GH_APP", "s1,s2")
+	var c config.Receiver
+	require.NoError(t, config.Load(&c))
+	require.Len(t, c.Sources, 2)
+	assert.Equal(t, config.Source{Name: "gh-app", Scheme: "github", Secrets: []string{"s1", "s2"}, SecretsVar: "WEBHOOK_SECRETS_GH_APP"}, c.Sources[1])
+
+	for value, variable := range map[string]string{
+		"payment:stripe": "WEBHOOK_SOURCES",
+		"acme:soap":      "WEBHOOK_SOURCES",
+		"Acme:github":    "WEBHOOK_SOURCES",
+		"acme":           "WEBHOOK_SOURCES",
+		"other:github":   "WEBHOOK_SECRETS_OTHER",
+	} {
+		t.Setenv("WEBHOOK_SOURCES", value)
+		requireProblem(t, config.Load(&c), variable)
+	}
+	t.Setenv("WEBHOOK_SOURCES", "acme:standard")
+	t.Setenv("WEBHOOK_SECRETS_ACME", "not base64 !")
+	requireProblem(t, config.Load(&c), "WEBHOOK_SECRETS_ACME")
 }

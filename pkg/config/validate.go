@@ -3,6 +3,8 @@ package config
 import (
 	"net"
 	"net/url"
+	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idempotent-events/idempotent-events/pkg/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/webhook"
 )
 
 func (c *Connections) validate(p *problems, needRedis, needDB bool) {
@@ -107,6 +110,7 @@ func (c *Receiver) Validate() error {
 	if len(c.WebhookSecrets) > 0 && c.InsecureSkipVerify {
 		p.add("INSECURE_SKIP_SIGNATURE_VERIFICATION", "must not be set together with WEBHOOK_SECRETS")
 	}
+	c.Sources = c.parseSources(&p)
 	checkPositive(&p, "WEBHOOK_TOLERANCE", c.WebhookTolerance)
 	checkRange(&p, "WEBHOOK_MAX_BODY_BYTES", c.WebhookMaxBody, 1024, 64<<20)
 	checkPositive(&p, "PUBLISH_TIMEOUT", c.PublishTimeout)
@@ -118,6 +122,51 @@ func (c *Receiver) Validate() error {
 	checkPositive(&p, "DUPLICATE_CHECK_TIMEOUT", c.DuplicateCheckTimeout)
 	checkPositive(&p, "SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
 	return p.err()
+}
+
+var sourceName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+
+// parseSources reads WEBHOOK_SOURCES and each source's secrets variable.
+func (c *Receiver) parseSources(p *problems) []Source {
+	var out []Source
+	seen := map[string]bool{}
+	for _, item := range c.WebhookSources {
+		name, scheme, ok := strings.Cut(item, ":")
+		switch {
+		case !ok:
+			p.add("WEBHOOK_SOURCES", "item %q is not name:scheme", item)
+			continue
+		case !sourceName.MatchString(name):
+			p.add("WEBHOOK_SOURCES", "source name %q must be 1-32 of a-z, 0-9 and -", name)
+			continue
+		case name == "payment" || name == "stripe":
+			p.add("WEBHOOK_SOURCES", "source name %q is reserved for the default Stripe route /webhooks/payment", name)
+			continue
+		case seen[name]:
+			p.add("WEBHOOK_SOURCES", "source %q is listed twice", name)
+			continue
+		}
+		seen[name] = true
+		src := Source{Name: name, Scheme: scheme, SecretsVar: "WEBHOOK_SECRETS_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))}
+		var secrets List
+		_ = secrets.Decode(os.Getenv(src.SecretsVar))
+		src.Secrets = secrets
+		switch scheme {
+		case webhook.SchemeStripe, webhook.SchemeGitHub:
+		case webhook.SchemeStandard:
+			if _, err := webhook.NewStandardVerifier(src.Secrets, time.Minute); err != nil {
+				p.add(src.SecretsVar, "%v", err)
+			}
+		default:
+			p.add("WEBHOOK_SOURCES", "source %q: scheme must be stripe, standard or github, got %q", name, scheme)
+			continue
+		}
+		if len(src.Secrets) == 0 && !c.InsecureSkipVerify {
+			p.add(src.SecretsVar, "no signing secret set for source %q", name)
+		}
+		out = append(out, src)
+	}
+	return out
 }
 
 // Validate implements Validator.

@@ -15,12 +15,14 @@ const (
 
 // Ledger is the source of truth: processed_events in Postgres.
 type Ledger interface {
-	Processed(ctx context.Context, ids []string) ([]bool, error)
+	// Digests returns, for each id, the content digest of its committed
+	// event, or "" when it has none.
+	Digests(ctx context.Context, ids []string) ([]string, error)
 }
 
-// Checker answers "has this event committed?" from Redis, then Postgres.
-// It says yes only when one of them has a record written after COMMIT; a
-// Redis error falls through to Postgres, and a Postgres error is returned
+// Checker answers "has this event committed, and with which content?" from
+// Redis, then Postgres. It answers only from a record written after COMMIT;
+// a Redis error falls through to Postgres, and a Postgres error is returned
 // so the caller can go the safe way (publish and let the worker decide).
 // Without a Ledger only Redis is asked, and a Redis error is returned.
 type Checker struct {
@@ -28,31 +30,32 @@ type Checker struct {
 	Ledger Ledger
 }
 
-// Lookup answers for one event whether Redis says it committed; *Coalescer
-// is the one the receiver uses.
+// Lookup answers for one event the digest Redis holds for it;
+// *Coalescer is the one the receiver uses.
 type Lookup interface {
-	Committed(ctx context.Context, id string) (bool, error)
+	Committed(ctx context.Context, id string) (string, error)
 }
 
-// Committed reports whether id has committed and which layer knew it.
-// redisErr is set when Redis failed but Postgres still answered.
-func (c Checker) Committed(ctx context.Context, id string) (ok bool, layer Layer, redisErr, err error) {
+// Committed returns the content digest of id's committed event ("" when it
+// has not committed) and which layer knew. redisErr is set when Redis
+// failed but Postgres still answered.
+func (c Checker) Committed(ctx context.Context, id string) (digest string, layer Layer, redisErr, err error) {
 	if c.Cache != nil {
-		hit, rerr := c.Cache.Committed(ctx, id)
-		if rerr == nil && hit {
-			return true, LayerRedis, nil, nil
+		d, rerr := c.Cache.Committed(ctx, id)
+		if rerr == nil && d != "" {
+			return d, LayerRedis, nil, nil
 		}
 		redisErr = rerr
 	}
 	if c.Ledger == nil {
-		return false, "", redisErr, redisErr
+		return "", "", redisErr, redisErr
 	}
-	found, err := c.Ledger.Processed(ctx, []string{id})
+	found, err := c.Ledger.Digests(ctx, []string{id})
 	if err != nil {
-		return false, "", redisErr, err
+		return "", "", redisErr, err
 	}
-	if found[0] {
-		return true, LayerPostgres, redisErr, nil
+	if found[0] != "" {
+		return found[0], LayerPostgres, redisErr, nil
 	}
-	return false, "", redisErr, nil
+	return "", "", redisErr, nil
 }

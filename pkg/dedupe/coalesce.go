@@ -22,8 +22,8 @@ type lookup struct {
 }
 
 type lookupResult struct {
-	hit bool
-	err error
+	digest string
+	err    error
 }
 
 // maxCoalesce bounds one MGET.
@@ -76,24 +76,24 @@ func (c *Coalescer) loop(ctx context.Context) {
 				l.reply <- lookupResult{err: err}
 				continue
 			}
-			l.reply <- lookupResult{hit: hits[i]}
+			l.reply <- lookupResult{digest: hits[i]}
 		}
 	}
 }
 
-// Committed reports whether Redis says id has committed; see
+// Committed returns the digest Redis holds for id, "" for none; see
 // Cache.Committed.
-func (c *Coalescer) Committed(ctx context.Context, id string) (bool, error) {
+func (c *Coalescer) Committed(ctx context.Context, id string) (string, error) {
 	l := lookup{id: id, reply: make(chan lookupResult, 1)}
 	select {
 	case c.reqs <- l:
 	case <-ctx.Done():
-		return false, ctx.Err()
+		return "", ctx.Err()
 	}
 	select {
 	case r := <-l.reply:
-		return r.hit, r.err
+		return r.digest, r.err
 	case <-ctx.Done():
-		return false, ctx.Err()
+		return "", ctx.Err()
 	}
 }

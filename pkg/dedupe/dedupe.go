@@ -1,6 +1,7 @@
 // Package dedupe is the Redis fast path in front of Postgres.
 //
-// Redis is a cache of one fact: "this event's transaction has committed".
+// Redis is a cache of one fact: "this event's transaction has committed,
+// with this content digest".
 // A key is written only after COMMIT (MarkCommitted), so a hit is always
 // true. A miss, an error, a timeout or an outage all mean "ask Postgres":
 // the fast path can make a duplicate cheaper, never make an event be skipped.
@@ -51,10 +52,10 @@ func (c *Cache) Client() *redis.Client { return c.rdb }
 // Key is the Redis key of an event id.
 func (c *Cache) Key(id string) string { return c.prefix + id }
 
-// Committed reports, for each id in order, whether Redis says its event has
-// committed, in one round trip. On error the caller must treat every id as a
-// miss.
-func (c *Cache) Committed(ctx context.Context, ids []string) ([]bool, error) {
+// Committed returns, for each id in order, the content digest Redis holds
+// for its committed event, or "" when Redis holds nothing, in one round
+// trip. On error the caller must treat every id as a miss.
+func (c *Cache) Committed(ctx context.Context, ids []string) ([]string, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
@@ -69,22 +70,30 @@ func (c *Cache) Committed(ctx context.Context, ids []string) ([]bool, error) {
 	if len(vals) != len(ids) {
 		return nil, errors.New("redis MGET: answer has the wrong length")
 	}
-	out := make([]bool, len(ids))
+	out := make([]string, len(ids))
 	for i, v := range vals {
-		out[i] = v != nil
+		if s, ok := v.(string); ok {
+			out[i] = s
+		}
 	}
 	return out, nil
 }
 
-// MarkCommitted records ids as committed. Call it only after the
+// Entry is a committed event: its key and content digest.
+type Entry struct {
+	ID     string
+	Digest string
+}
+
+// MarkCommitted records entries as committed. Call it only after the
 // transaction that wrote their ledger rows has committed.
-func (c *Cache) MarkCommitted(ctx context.Context, ids []string) error {
-	if len(ids) == 0 {
+func (c *Cache) MarkCommitted(ctx context.Context, entries []Entry) error {
+	if len(entries) == 0 {
 		return nil
 	}
 	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, id := range ids {
-			p.Set(ctx, c.Key(id), "1", c.ttl)
+		for _, e := range entries {
+			p.Set(ctx, c.Key(e.ID), e.Digest, c.ttl)
 		}
 		return nil
 	})

@@ -23,12 +23,12 @@ func TestCommittedOnlyAfterMark(t *testing.T) {
 
 	hits, err := c.Committed(ctx, []string{"evt_1", "evt_2"})
 	require.NoError(t, err)
-	assert.Equal(t, []bool{false, false}, hits)
+	assert.Equal(t, []string{"", ""}, hits)
 
-	require.NoError(t, c.MarkCommitted(ctx, []string{"evt_2"}))
+	require.NoError(t, c.MarkCommitted(ctx, []dedupe.Entry{{ID: "evt_2", Digest: "d2"}}))
 	hits, err = c.Committed(ctx, []string{"evt_1", "evt_2"})
 	require.NoError(t, err)
-	assert.Equal(t, []bool{false, true}, hits)
+	assert.Equal(t, []string{"", "d2"}, hits)
 
 	ttl, err := c.Client().TTL(ctx, c.Key("evt_2")).Result()
 	require.NoError(t, err)
@@ -45,10 +45,10 @@ func TestUnreachableRedisIsAnErrorNotAnAnswer(t *testing.T) {
 	assert.Nil(t, hits)
 }
 
-type ledger map[string]bool
+type ledger map[string]string
 
-func (l ledger) Processed(_ context.Context, ids []string) ([]bool, error) {
-	out := make([]bool, len(ids))
+func (l ledger) Digests(_ context.Context, ids []string) ([]string, error) {
+	out := make([]string, len(ids))
 	for i, id := range ids {
 		out[i] = l[id]
 	}
@@ -60,17 +60,17 @@ func TestCheckerFallsThroughToTheLedger(t *testing.T) {
 	down, err := dedupe.Open("redis://127.0.0.1:1/0", "x:", time.Minute)
 	require.NoError(t, err)
 	defer down.Close()
-	chk := dedupe.Checker{Cache: coalesce(t, down), Ledger: ledger{"evt_done": true}}
+	chk := dedupe.Checker{Cache: coalesce(t, down), Ledger: ledger{"evt_done": "d1"}}
 
-	ok, layer, redisErr, err := chk.Committed(context.Background(), "evt_done")
+	digest, layer, redisErr, err := chk.Committed(context.Background(), "evt_done")
 	require.NoError(t, err)
 	assert.Error(t, redisErr)
-	assert.True(t, ok)
+	assert.Equal(t, "d1", digest)
 	assert.Equal(t, dedupe.LayerPostgres, layer)
 
-	ok, _, _, err = chk.Committed(context.Background(), "evt_new")
+	digest, _, _, err = chk.Committed(context.Background(), "evt_new")
 	require.NoError(t, err)
-	assert.False(t, ok)
+	assert.Empty(t, digest)
 }
 
 func TestRedisOnlyCheckerNeverGuesses(t *testing.T) {
@@ -78,22 +78,22 @@ func TestRedisOnlyCheckerNeverGuesses(t *testing.T) {
 	c, err := dedupe.Open(testenv.RedisURL, testenv.RedisPrefix(t), time.Minute)
 	require.NoError(t, err)
 	defer c.Close()
-	require.NoError(t, c.MarkCommitted(context.Background(), []string{"evt_known"}))
+	require.NoError(t, c.MarkCommitted(context.Background(), []dedupe.Entry{{ID: "evt_known", Digest: "dk"}}))
 	chk := dedupe.Checker{Cache: coalesce(t, c)}
-	ok, layer, _, err := chk.Committed(context.Background(), "evt_known")
+	digest, layer, _, err := chk.Committed(context.Background(), "evt_known")
 	require.NoError(t, err)
-	assert.True(t, ok)
+	assert.Equal(t, "dk", digest)
 	assert.Equal(t, dedupe.LayerRedis, layer)
-	ok, _, _, err = chk.Committed(context.Background(), "evt_unknown")
+	digest, _, _, err = chk.Committed(context.Background(), "evt_unknown")
 	require.NoError(t, err)
-	assert.False(t, ok)
+	assert.Empty(t, digest)
 
 	down, err := dedupe.Open("redis://127.0.0.1:1/0", "x:", time.Minute)
 	require.NoError(t, err)
 	defer down.Close()
-	ok, _, _, err = dedupe.Checker{Cache: coalesce(t, down)}.Committed(context.Background(), "evt_known")
+	digest, _, _, err = dedupe.Checker{Cache: coalesce(t, down)}.Committed(context.Background(), "evt_known")
 	assert.Error(t, err, "an unreachable Redis is an error, so the receiver publishes")
-	assert.False(t, ok)
+	assert.Empty(t, digest)
 }
 
 // coalesce runs a Coalescer over c until the test ends.
@@ -113,15 +113,15 @@ func TestCoalescerAnswersConcurrentLookups(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	ctx := context.Background()
-	require.NoError(t, c.MarkCommitted(ctx, []string{"evt_0", "evt_2", "evt_4"}))
+	require.NoError(t, c.MarkCommitted(ctx, []dedupe.Entry{{ID: "evt_0", Digest: "d"}, {ID: "evt_2", Digest: "d"}, {ID: "evt_4", Digest: "d"}}))
 	co := coalesce(t, c)
 	var wg sync.WaitGroup
 	for i := 0; i < 500; i++ {
 		wg.Go(func() {
 			id := fmt.Sprintf("evt_%d", i%6)
-			hit, err := co.Committed(ctx, id)
+			digest, err := co.Committed(ctx, id)
 			assert.NoError(t, err)
-			assert.Equal(t, i%6%2 == 0 && i%6 <= 4, hit, id)
+			assert.Equal(t, i%6%2 == 0 && i%6 <= 4, digest == "d", id)
 		})
 	}
 	wg.Wait()

@@ -18,6 +18,7 @@ package event
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,6 +43,12 @@ type Event struct {
 	Livemode bool
 	// Payment is set for events that describe a payment.
 	Payment *Payment
+	// Digest identifies the event's content, to tell a redelivery of the
+	// same event from different content sent under the same id. It covers
+	// what a provider never changes between deliveries: for Stripe the type
+	// and data (not envelope fields like pending_webhooks, which change on
+	// every retry), for the other schemes the whole body.
+	Digest [32]byte
 }
 
 // Payment is the business content of a payment event: one payments row.
@@ -64,11 +71,11 @@ type FieldError struct {
 func (e *FieldError) Error() string { return e.Field + ": " + e.Problem }
 
 type wireEvent struct {
-	ID       *string   `json:"id"`
-	Type     *string   `json:"type"`
-	Created  *int64    `json:"created"`
-	Livemode bool      `json:"livemode"`
-	Data     *wireData `json:"data"`
+	ID       *string         `json:"id"`
+	Type     *string         `json:"type"`
+	Created  *int64          `json:"created"`
+	Livemode bool            `json:"livemode"`
+	Data     json.RawMessage `json:"data"`
 }
 
 type wireData struct {
@@ -116,18 +123,34 @@ func Decode(body []byte) (Event, error) {
 		ev.Created = time.Unix(*w.Created, 0).UTC()
 	}
 	ev.Livemode = w.Livemode
-	if w.Data == nil {
+	if len(w.Data) == 0 || bytes.Equal(w.Data, []byte("null")) {
 		return Event{}, &FieldError{Field: "data", Problem: "required object is missing"}
 	}
-	if len(w.Data.Object) > 0 && !bytes.Equal(w.Data.Object, []byte("null")) {
-		ev.Payment, err = decodeObject(w.Data.Object)
+	var data wireData
+	if err := json.Unmarshal(w.Data, &data); err != nil {
+		return Event{}, jsonProblem("data", err)
+	}
+	if len(data.Object) > 0 && !bytes.Equal(data.Object, []byte("null")) {
+		ev.Payment, err = decodeObject(data.Object)
 	} else {
-		ev.Payment, err = decodeShort(w.Data)
+		ev.Payment, err = decodeShort(&data)
 	}
 	if err != nil {
 		return Event{}, err
 	}
+	ev.Digest = digest(ev.Type, w.Data)
 	return ev, nil
+}
+
+// digest hashes an event's type and its content.
+func digest(typ string, content []byte) [32]byte {
+	h := sha256.New()
+	h.Write([]byte(typ))
+	h.Write([]byte{0})
+	h.Write(content)
+	var out [32]byte
+	h.Sum(out[:0])
+	return out
 }
 
 func decodeObject(raw json.RawMessage) (*Payment, error) {

@@ -46,16 +46,31 @@ type Publisher interface {
 	Ready() bool
 }
 
-// DuplicateChecker says whether an event has already committed.
+// DuplicateChecker returns the content digest of a committed event ("" when
+// it has not committed).
 type DuplicateChecker interface {
-	Committed(ctx context.Context, id string) (ok bool, layer dedupe.Layer, redisErr, err error)
+	Committed(ctx context.Context, id string) (digest string, layer dedupe.Layer, redisErr, err error)
+}
+
+// Source is one webhook sender: a route, a signature scheme and its secrets.
+type Source struct {
+	// Name is the source's name: "stripe" for PaymentRoute, otherwise the
+	// {source} of /webhooks/{source}. It qualifies the dedupe key.
+	Name string
+	// Route is the path the source posts to.
+	Route string
+	// Scheme is the signature scheme, which also says where the event id is.
+	Scheme string
+	// Verifier checks signatures; nil accepts unsigned requests
+	// (INSECURE_SKIP_SIGNATURE_VERIFICATION).
+	Verifier webhook.Verifier
 }
 
 // Options configures a Handler.
 type Options struct {
-	// Verifier checks Stripe signatures; nil accepts unsigned requests
-	// (INSECURE_SKIP_SIGNATURE_VERIFICATION).
-	Verifier  *webhook.StripeVerifier
+	// Sources are the routes served; PaymentRoute with Stripe's scheme is
+	// the default one.
+	Sources   []Source
 	Publisher Publisher
 	// Duplicates, when set, answers already-committed events without a
 	// publish.
@@ -96,7 +111,9 @@ func NewHandler(opts Options) *Handler {
 		retryAfter: strconv.Itoa(int((opts.RetryAfter + time.Second - 1) / time.Second)),
 		mux:        http.NewServeMux(),
 	}
-	h.mux.HandleFunc("POST "+PaymentRoute, h.payment)
+	for _, src := range opts.Sources {
+		h.mux.HandleFunc("POST "+src.Route, func(w http.ResponseWriter, r *http.Request) { h.webhook(w, r, src) })
+	}
 	h.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		telemetry.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -126,82 +143,104 @@ type answer struct {
 	Message string `json:"message,omitempty"`
 }
 
-func (h *Handler) respond(w http.ResponseWriter, code int, a answer) {
-	h.m.requests.WithLabelValues(PaymentRoute, strconv.Itoa(code)).Inc()
+func (h *Handler) respond(w http.ResponseWriter, src Source, code int, a answer) {
+	h.m.requests.WithLabelValues(src.Route, strconv.Itoa(code)).Inc()
 	if code == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", h.retryAfter)
 	}
 	telemetry.WriteJSON(w, code, a)
 }
 
-func (h *Handler) payment(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) webhook(w http.ResponseWriter, r *http.Request, src Source) {
+	start := h.opts.Now()
+	defer func() { h.m.duration.Observe(time.Since(start).Seconds()) }()
+
+	if !isJSON(r.Header.Get("Content-Type")) {
+		h.respond(w, src, http.StatusUnsupportedMediaType, answer{Error: "unsupported_media_type", Message: "Content-Type must be application/json"})
+		return
+	}
+	tooBig := answer{Error: "body_too_large", Message: "body exceeds " + strconv.FormatInt(h.opts.MaxBodyBytes, 10) + " bytes"}
+	if r.ContentLength > h.opts.MaxBodyBytes {
+		h.respond(w, src, http.StatusRequestEntityTooLarge, tooBig)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBodyBytes))
+	if err != nil {
+		var maxErr *http.MaxBytesError
+		if errors.As(err, &maxErr) {
+			h.respond(w, src, http.StatusRequestEntityTooLarge, tooBig)
+			return
+		}
+		h.respond(w, src, http.StatusBadRequest, answer{Error: "unreadable_body", Message: "could not read the request body"})
+		return
+	}
+
+	// The slot is taken only once the body is in: a client that trickles
+	// its body (bounded by the server's read timeout) holds no slot, so slow
+	// clients cannot crowd out the requests waiting on the broker.
 	select {
 	case h.slots <- struct{}{}:
 		defer func() { <-h.slots }()
 	default:
 		// Shedding beats queueing: the provider retries, and memory stays bounded.
-		h.respond(w, http.StatusServiceUnavailable, answer{Error: "overloaded", Message: "too many requests in flight; retry later"})
-		return
-	}
-	start := h.opts.Now()
-	defer func() { h.m.duration.Observe(time.Since(start).Seconds()) }()
-
-	if !isJSON(r.Header.Get("Content-Type")) {
-		h.respond(w, http.StatusUnsupportedMediaType, answer{Error: "unsupported_media_type", Message: "Content-Type must be application/json"})
-		return
-	}
-	if r.ContentLength > h.opts.MaxBodyBytes {
-		h.respond(w, http.StatusRequestEntityTooLarge, answer{Error: "body_too_large", Message: "body exceeds " + strconv.FormatInt(h.opts.MaxBodyBytes, 10) + " bytes"})
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			h.respond(w, http.StatusRequestEntityTooLarge, answer{Error: "body_too_large", Message: "body exceeds " + strconv.FormatInt(h.opts.MaxBodyBytes, 10) + " bytes"})
-			return
-		}
-		h.respond(w, http.StatusBadRequest, answer{Error: "unreadable_body", Message: "could not read the request body"})
+		h.respond(w, src, http.StatusServiceUnavailable, answer{Error: "overloaded", Message: "too many requests in flight; retry later"})
 		return
 	}
 
-	if h.opts.Verifier != nil {
-		idx, err := h.opts.Verifier.Verify(r.Header.Get(webhook.StripeHeader), body)
+	if src.Verifier != nil {
+		idx, err := src.Verifier.Verify(r.Header, body)
 		if err != nil {
 			var verr *webhook.Error
 			errors.As(err, &verr)
-			h.m.signatureFailures.WithLabelValues(string(verr.Reason)).Inc()
-			h.log.Info("webhook rejected: signature", zap.String("reason", string(verr.Reason)), zap.String("remote", r.RemoteAddr))
-			h.respond(w, http.StatusUnauthorized, answer{Error: string(verr.Reason), Message: verr.Detail})
+			h.m.signatureFailures.WithLabelValues(src.Name, string(verr.Reason)).Inc()
+			h.log.Info("webhook rejected: signature", zap.String("source", src.Name), zap.String("reason", string(verr.Reason)),
+				zap.String("remote", r.RemoteAddr))
+			h.respond(w, src, http.StatusUnauthorized, answer{Error: string(verr.Reason), Message: verr.Detail})
 			return
 		}
-		h.m.secretMatches.WithLabelValues(strconv.Itoa(idx)).Inc()
+		h.m.secretMatches.WithLabelValues(src.Name, strconv.Itoa(idx)).Inc()
 	}
 
-	ev, err := event.Decode(body)
+	providerID, typ := deliveryIdentity(src.Scheme, r.Header)
+	ev, err := event.Parse(src.Scheme, providerID, typ, body)
 	if err != nil {
 		var fe *event.FieldError
 		errors.As(err, &fe)
-		h.respond(w, http.StatusBadRequest, answer{Error: "invalid_event", Field: fe.Field, Message: fe.Problem})
+		h.respond(w, src, http.StatusBadRequest, answer{Error: "invalid_event", Field: fe.Field, Message: fe.Problem})
 		return
 	}
+	providerID, key := ev.ID, event.Key(src.Name, ev.ID)
 
-	if h.opts.Duplicates != nil && h.isDuplicate(r.Context(), ev.ID) {
-		h.respond(w, http.StatusOK, answer{Status: "duplicate", EventID: ev.ID})
-		return
+	conflict := false
+	if h.opts.Duplicates != nil {
+		switch stored := h.committedDigest(r.Context(), key); {
+		case stored == "":
+		case stored == ev.DigestHex():
+			h.respond(w, src, http.StatusOK, answer{Status: "duplicate", EventID: providerID})
+			return
+		default:
+			// Published all the same, so the worker records it in
+			// event_conflicts; it is never processed.
+			conflict = true
+		}
 	}
 
 	now := h.opts.Now()
 	msg := amqp.Publishing{
 		ContentType: "application/json",
-		MessageId:   ev.ID,
+		MessageId:   key,
 		Type:        ev.Type,
 		Timestamp:   now,
 		Body:        body,
 		Headers: amqp.Table{
-			broker.HeaderSource:     "stripe",
+			broker.HeaderSource:     src.Name,
 			broker.HeaderReceivedAt: now.UnixMilli(),
 		},
+	}
+	if src.Scheme != webhook.SchemeStripe {
+		msg.Headers[broker.HeaderScheme] = src.Scheme
+		msg.Headers[broker.HeaderEventID] = providerID
+		msg.Headers[broker.HeaderEventType] = ev.Type
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.opts.PublishTimeout)
 	defer cancel()
@@ -210,18 +249,38 @@ func (h *Handler) payment(w http.ResponseWriter, r *http.Request) {
 	h.m.publishSeconds.Observe(time.Since(pubStart).Seconds())
 	if err != nil {
 		h.m.publishFailures.WithLabelValues(publishFailure(err)).Inc()
-		h.log.Warn("publish failed; answering 503", zap.String("event_id", ev.ID), zap.Error(err))
-		h.respond(w, http.StatusServiceUnavailable, answer{Error: "broker_unavailable", EventID: ev.ID, Message: "event not accepted; retry later"})
+		h.log.Warn("publish failed; answering 503", zap.String("event_id", key), zap.Error(err))
+		h.respond(w, src, http.StatusServiceUnavailable, answer{Error: "broker_unavailable", EventID: providerID, Message: "event not accepted; retry later"})
 		return
 	}
-	h.log.Debug("event accepted", zap.String("event_id", ev.ID), zap.String("type", ev.Type))
-	h.respond(w, http.StatusAccepted, answer{Status: "accepted", EventID: ev.ID})
+	if conflict {
+		h.m.conflicts.WithLabelValues(src.Name).Inc()
+		h.log.Warn("event id reused with different content", zap.String("source", src.Name), zap.String("event_id", key))
+		h.respond(w, src, http.StatusConflict, answer{Error: "event_id_conflict", EventID: providerID,
+			Message: "this event id was already processed with different content; this delivery is recorded for inspection and will not be processed"})
+		return
+	}
+	h.log.Debug("event accepted", zap.String("event_id", key), zap.String("type", ev.Type))
+	h.respond(w, src, http.StatusAccepted, answer{Status: "accepted", EventID: providerID})
 }
 
-func (h *Handler) isDuplicate(ctx context.Context, id string) bool {
+// deliveryIdentity returns the event id and type a scheme sends in headers.
+func deliveryIdentity(scheme string, h http.Header) (id, typ string) {
+	switch scheme {
+	case webhook.SchemeStandard:
+		return h.Get(webhook.StandardIDHeader), ""
+	case webhook.SchemeGitHub:
+		return h.Get(webhook.GitHubDeliveryHeader), h.Get(webhook.GitHubEventHeader)
+	}
+	return "", ""
+}
+
+// committedDigest returns the content digest of key's committed event, or
+// "" when it has not committed or the lookup failed.
+func (h *Handler) committedDigest(ctx context.Context, key string) string {
 	ctx, cancel := context.WithTimeout(ctx, h.opts.DuplicateCheckTimeout)
 	defer cancel()
-	ok, layer, redisErr, err := h.opts.Duplicates.Committed(ctx, id)
+	digest, layer, redisErr, err := h.opts.Duplicates.Committed(ctx, key)
 	if redisErr != nil {
 		h.m.dedupeErrors.WithLabelValues(string(dedupe.LayerRedis)).Inc()
 	}
@@ -230,13 +289,13 @@ func (h *Handler) isDuplicate(ctx context.Context, id string) bool {
 		if err != redisErr {
 			h.m.dedupeErrors.WithLabelValues(string(dedupe.LayerPostgres)).Inc()
 		}
-		h.log.Debug("duplicate check failed; publishing", zap.String("event_id", id), zap.Error(err))
-		return false
+		h.log.Debug("duplicate check failed; publishing", zap.String("event_id", key), zap.Error(err))
+		return ""
 	}
-	if ok {
+	if digest != "" {
 		h.m.duplicates.WithLabelValues(string(layer)).Inc()
 	}
-	return ok
+	return digest
 }
 
 func publishFailure(err error) string {

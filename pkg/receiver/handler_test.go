@@ -3,7 +3,6 @@ package receiver_test
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,7 +19,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	stripewebhook "github.com/stripe/stripe-go/v82/webhook"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/idempotent-events/idempotent-events/pkg/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/ctl"
@@ -41,11 +42,12 @@ var client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 var topo = broker.Topology{QueueType: broker.QueueClassic, RetryDelays: []time.Duration{time.Second}, DeliveryLimit: 100}
 
 type fixture struct {
-	url    string
-	broker *testenv.Broker
-	pub    *broker.Publisher
-	store  *store.Store
-	proxy  *faultproxy.Proxy
+	url     string
+	handler http.Handler
+	broker  *testenv.Broker
+	pub     *broker.Publisher
+	store   *store.Store
+	proxy   *faultproxy.Proxy
 }
 
 type setup struct {
@@ -55,6 +57,8 @@ type setup struct {
 	publisher receiver.Publisher
 	maxBody   int64
 	inFlight  int
+	sources   []receiver.Source
+	logger    *zap.Logger
 }
 
 // start runs a receiver handler with a real publisher on its own vhost.
@@ -96,9 +100,14 @@ func start(t *testing.T, s setup) *fixture {
 		Logger:                zaptest.NewLogger(t),
 		Metrics:               receiver.NewMetrics(prometheus.NewRegistry()),
 	}
-	if !s.insecure {
-		opts.Verifier = webhook.NewStripeVerifier([]string{secret}, 5*time.Minute)
+	if s.logger != nil {
+		opts.Logger = s.logger
 	}
+	opts.Sources = []receiver.Source{{Name: "stripe", Route: receiver.PaymentRoute, Scheme: webhook.SchemeStripe}}
+	if !s.insecure {
+		opts.Sources[0].Verifier = webhook.NewStripeVerifier([]string{secret}, 5*time.Minute)
+	}
+	opts.Sources = append(opts.Sources, s.sources...)
 	if s.publisher != nil {
 		opts.Publisher = s.publisher
 	}
@@ -123,7 +132,8 @@ func start(t *testing.T, s setup) *fixture {
 		t.Cleanup(func() { stop(); <-done })
 		opts.Duplicates = dedupe.Checker{Cache: lookups, Ledger: st}
 	}
-	srv := httptest.NewServer(receiver.NewHandler(opts))
+	f.handler = receiver.NewHandler(opts)
+	srv := httptest.NewServer(f.handler)
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
 	return f
@@ -137,7 +147,12 @@ type response struct {
 
 func (f *fixture) post(t *testing.T, body []byte, header map[string]string) response {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, f.url+receiver.PaymentRoute, bytes.NewReader(body))
+	return f.postTo(t, receiver.PaymentRoute, body, header)
+}
+
+func (f *fixture) postTo(t *testing.T, route string, body []byte, header map[string]string) response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, f.url+route, bytes.NewReader(body))
 	require.NoError(t, err)
 	for k, v := range header {
 		req.Header.Set(k, v)
@@ -351,8 +366,7 @@ func TestCommittedEventIsAnsweredDuplicateWithoutPublishing(t *testing.T) {
 	body := sample(t, "evt_done")
 	ev, err := event.Decode(body)
 	require.NoError(t, err)
-	sum := sha256.Sum256(body)
-	_, err = f.store.Commit(context.Background(), []store.Record{{Event: ev, Source: "stripe", PayloadSHA256: sum[:]}})
+	_, err = f.store.Commit(context.Background(), []store.Record{{Event: ev, Source: "stripe", PayloadSHA256: ev.Digest[:]}})
 	require.NoError(t, err)
 
 	r := f.post(t, body, signed(body))
@@ -362,6 +376,17 @@ func TestCommittedEventIsAnsweredDuplicateWithoutPublishing(t *testing.T) {
 
 	fresh := sample(t, "evt_fresh")
 	assert.Equal(t, http.StatusAccepted, f.post(t, fresh, signed(fresh)).code)
+
+	// The same id with other content: 409, and it goes to the worker only to
+	// be recorded as a conflict.
+	changed := bytes.Replace(body, []byte(`"amount":1999`), []byte(`"amount":5`), 1)
+	require.NotEqual(t, body, changed)
+	r = f.post(t, changed, signed(changed))
+	assert.Equal(t, http.StatusConflict, r.code)
+	assert.Equal(t, "event_id_conflict", r.body["error"])
+	queued := f.broker.Drain(broker.MainQueue)
+	require.Len(t, queued, 2, "evt_fresh and the conflicting delivery")
+	assert.Equal(t, changed, queued[1].Body)
 }
 
 func TestInsecureModeAcceptsUnsignedRequests(t *testing.T) {
@@ -438,4 +463,28 @@ func TestReadyzIsNotReadyWithoutBroker(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusServiceUnavailable
 	}, 10*time.Second, 20*time.Millisecond)
+}
+
+// No log line carries a signing secret or a signature header value, whatever
+// the request.
+func TestLogsNeverCarrySecretsOrSignatures(t *testing.T) {
+	t.Parallel()
+	core, logs := observer.New(zap.DebugLevel)
+	f := start(t, setup{logger: zap.New(core), dupCheck: true})
+	body := sample(t, "evt_log_check")
+	good := signed(body)
+	wrong := map[string]string{"Content-Type": "application/json", webhook.StripeHeader: webhook.SignStripe("whsec_attacker", time.Now(), body)}
+	require.Equal(t, http.StatusAccepted, f.post(t, body, good).code)
+	require.Equal(t, http.StatusUnauthorized, f.post(t, body, wrong).code)
+	require.Equal(t, http.StatusUnauthorized, f.post(t, []byte(`{}`), map[string]string{"Content-Type": "application/json", webhook.StripeHeader: "t=1,v1=" + secret}).code)
+	require.NotZero(t, logs.Len())
+	for _, e := range logs.All() {
+		line := e.Message
+		for k, v := range e.ContextMap() {
+			line += fmt.Sprintf(" %s=%v", k, v)
+		}
+		for _, forbidden := range []string{secret, "whsec_attacker", good[webhook.StripeHeader], wrong[webhook.StripeHeader], "v1="} {
+			assert.NotContains(t, line, forbidden)
+		}
+	}
 }

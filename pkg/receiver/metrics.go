@@ -15,6 +15,7 @@ type Metrics struct {
 	publishFailures   *prometheus.CounterVec
 	duration          prometheus.Histogram
 	duplicates        *prometheus.CounterVec
+	conflicts         *prometheus.CounterVec
 	dedupeErrors      *prometheus.CounterVec
 	brokerConnected   prometheus.Gauge
 	brokerConnects    prometheus.Counter
@@ -30,12 +31,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"route", "code"}),
 		signatureFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: telemetry.Namespace, Subsystem: sub, Name: "signature_failures_total",
-			Help: "Webhook requests rejected with 401, by reason.",
-		}, []string{"reason"}),
+			Help: "Webhook requests rejected with 401, by source and reason.",
+		}, []string{"source", "reason"}),
 		secretMatches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: telemetry.Namespace, Subsystem: sub, Name: "signature_secret_matches_total",
-			Help: "Verified requests by the position of the matching secret in WEBHOOK_SECRETS; retire a secret once its count stops growing.",
-		}, []string{"secret_index"}),
+			Help: "Verified requests by source and the position of the matching secret in its secret list; retire a secret once its count stops growing.",
+		}, []string{"source", "secret_index"}),
 		publishSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: telemetry.Namespace, Subsystem: sub, Name: "publish_confirm_seconds",
 			Help:    "Time from publish to the broker's confirm (or failure).",
@@ -54,6 +55,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: telemetry.Namespace, Subsystem: sub, Name: "duplicates_total",
 			Help: "Events answered 200 duplicate without a publish, by the layer that knew.",
 		}, []string{"layer"}),
+		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: telemetry.Namespace, Subsystem: sub, Name: "conflicts_total",
+			Help: "Deliveries answered 409: their event id was processed before with different content.",
+		}, []string{"source"}),
 		dedupeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: telemetry.Namespace, Subsystem: sub, Name: "duplicate_check_errors_total",
 			Help: "Failed duplicate lookups (the event was published anyway), by layer.",
@@ -68,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.requests, m.signatureFailures, m.secretMatches, m.publishSeconds, m.publishFailures,
-		m.duration, m.duplicates, m.dedupeErrors, m.brokerConnected, m.brokerConnects)
+		m.duration, m.duplicates, m.conflicts, m.dedupeErrors, m.brokerConnected, m.brokerConnects)
 	return m
 }
 

@@ -3,6 +3,7 @@ package receiver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,10 +13,39 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/config"
 	"github.com/idempotent-events/idempotent-events/pkg/dedupe"
+	"github.com/idempotent-events/idempotent-events/pkg/event"
 	"github.com/idempotent-events/idempotent-events/pkg/store"
 	"github.com/idempotent-events/idempotent-events/pkg/telemetry"
 	"github.com/idempotent-events/idempotent-events/pkg/webhook"
 )
+
+// SourcesOf returns the routes cfg configures: the default Stripe source
+// on PaymentRoute, then every WEBHOOK_SOURCES entry on /webhooks/{name}.
+func SourcesOf(cfg config.Receiver) ([]Source, error) {
+	sources := []Source{{Name: event.DefaultSource, Route: PaymentRoute, Scheme: webhook.SchemeStripe}}
+	if !cfg.InsecureSkipVerify {
+		sources[0].Verifier = webhook.NewStripeVerifier(cfg.WebhookSecrets, cfg.WebhookTolerance)
+	}
+	for _, sc := range cfg.Sources {
+		src := Source{Name: sc.Name, Route: "/webhooks/" + sc.Name, Scheme: sc.Scheme}
+		if !cfg.InsecureSkipVerify {
+			switch sc.Scheme {
+			case webhook.SchemeStripe:
+				src.Verifier = webhook.NewStripeVerifier(sc.Secrets, cfg.WebhookTolerance)
+			case webhook.SchemeStandard:
+				v, err := webhook.NewStandardVerifier(sc.Secrets, cfg.WebhookTolerance)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", sc.SecretsVar, err)
+				}
+				src.Verifier = v
+			case webhook.SchemeGitHub:
+				src.Verifier = webhook.NewGitHubVerifier(sc.Secrets)
+			}
+		}
+		sources = append(sources, src)
+	}
+	return sources, nil
+}
 
 // Run serves webhooks until ctx is done, then stops taking requests, lets
 // the ones in flight finish (up to SHUTDOWN_TIMEOUT) and closes the broker
@@ -25,15 +55,16 @@ func Run(ctx context.Context, cfg config.Receiver, log *zap.Logger, reg *prometh
 	topo := cfg.Topology.Broker()
 	pub := &broker.Publisher{}
 
-	var verifier *webhook.StripeVerifier
+	sources, err := SourcesOf(cfg)
+	if err != nil {
+		return err
+	}
 	if cfg.InsecureSkipVerify {
 		log.Warn("INSECURE_SKIP_SIGNATURE_VERIFICATION is set: webhooks are accepted without a signature and can be forged")
-	} else {
-		verifier = webhook.NewStripeVerifier(cfg.WebhookSecrets, cfg.WebhookTolerance)
 	}
 
 	opts := Options{
-		Verifier:              verifier,
+		Sources:               sources,
 		Publisher:             pub,
 		DuplicateCheckTimeout: cfg.DuplicateCheckTimeout,
 		MaxBodyBytes:          cfg.WebhookMaxBody,

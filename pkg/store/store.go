@@ -168,22 +168,57 @@ func (p *paymentColumns) add(ev *event.Event) {
 	p.created = append(p.created, created)
 }
 
-// Processed reports, for each id in order, whether its event has committed.
-func (s *Store) Processed(ctx context.Context, ids []string) ([]bool, error) {
-	rows, err := s.pool.Query(ctx, `SELECT event_id FROM processed_events WHERE event_id = ANY($1)`, ids)
+// Digests returns, for each id in order, the hex content digest of its
+// committed event, or "" when it has not committed.
+func (s *Store) Digests(ctx context.Context, ids []string) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT event_id, encode(payload_sha256, 'hex') FROM processed_events WHERE event_id = ANY($1)`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("look up processed_events: %w", err)
 	}
-	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	found := map[string]string{}
+	var id, digest string
+	_, err = pgx.ForEachRow(rows, []any{&id, &digest}, func() error {
+		found[id] = digest
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("look up processed_events: %w", err)
 	}
-	slices.Sort(found)
-	out := make([]bool, len(ids))
+	out := make([]string, len(ids))
 	for i, id := range ids {
-		_, out[i] = slices.BinarySearch(found, id)
+		out[i] = found[id]
 	}
 	return out, nil
+}
+
+// Conflict is a delivery that reused a committed event's id with other
+// content.
+type Conflict struct {
+	EventID        string
+	Source         string
+	StoredDigest   []byte
+	ReceivedDigest []byte
+	Body           []byte
+	ReceivedAt     time.Time
+}
+
+// RecordConflicts keeps conflicting deliveries for inspection, once per
+// distinct content.
+func (s *Store) RecordConflicts(ctx context.Context, cs []Conflict) error {
+	batch := &pgx.Batch{}
+	for _, c := range cs {
+		var received *time.Time
+		if !c.ReceivedAt.IsZero() {
+			received = &c.ReceivedAt
+		}
+		batch.Queue(`INSERT INTO event_conflicts (event_id, source, stored_sha256, received_sha256, body, received_at)
+			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id, received_sha256) DO NOTHING`,
+			c.EventID, c.Source, c.StoredDigest, c.ReceivedDigest, c.Body, received)
+	}
+	if err := s.pool.SendBatch(ctx, batch).Close(); err != nil {
+		return fmt.Errorf("record %d conflicting deliveries: %w", len(cs), err)
+	}
+	return nil
 }
 
 // IsOutage reports whether err means Postgres could not be reached or

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"sync"
 	"testing"
 	"time"
@@ -51,9 +52,9 @@ func TestCommitWritesLedgerAndPaymentOnceAndReportsDuplicates(t *testing.T) {
 	assert.Equal(t, 3, payments)
 	assert.Equal(t, 3, ledger)
 
-	found, err := st.Processed(ctx, []string{"evt_c", "evt_z", "evt_a"})
+	found, err := st.Digests(ctx, []string{"evt_c", "evt_z", "evt_a"})
 	require.NoError(t, err)
-	assert.Equal(t, []bool{true, false, true}, found)
+	assert.Equal(t, []string{hex.EncodeToString(record("evt_c", 0).PayloadSHA256), "", hex.EncodeToString(record("evt_a", 0).PayloadSHA256)}, found)
 }
 
 func TestEventsWithoutPaymentGetOnlyALedgerRow(t *testing.T) {
@@ -113,9 +114,9 @@ func TestDataErrorsArePermanent(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, store.IsPermanent(err), "%v", err)
 
-	found, err := st.Processed(context.Background(), []string{"evt_neg"})
+	found, err := st.Digests(context.Background(), []string{"evt_neg"})
 	require.NoError(t, err)
-	assert.Equal(t, []bool{false}, found, "a failed transaction leaves no ledger row")
+	assert.Equal(t, []string{""}, found, "a failed transaction leaves no ledger row")
 }
 
 func TestConnectionErrorsAreTransient(t *testing.T) {
@@ -126,4 +127,17 @@ func TestConnectionErrorsAreTransient(t *testing.T) {
 	_, err = st.Commit(context.Background(), []store.Record{record("evt_x", 1)})
 	require.Error(t, err)
 	assert.False(t, store.IsPermanent(err))
+}
+
+func TestConflictsAreRecordedOncePerContent(t *testing.T) {
+	t.Parallel()
+	st := open(t)
+	ctx := context.Background()
+	c := store.Conflict{EventID: "evt_c", Source: "stripe", StoredDigest: []byte{1}, ReceivedDigest: []byte{2}, Body: []byte(`{}`), ReceivedAt: time.Now()}
+	require.NoError(t, st.RecordConflicts(ctx, []store.Conflict{c, c}))
+	c.ReceivedDigest = []byte{3}
+	require.NoError(t, st.RecordConflicts(ctx, []store.Conflict{c}))
+	var n int
+	require.NoError(t, st.Pool().QueryRow(ctx, "SELECT count(*) FROM event_conflicts WHERE event_id='evt_c'").Scan(&n))
+	assert.Equal(t, 2, n)
 }

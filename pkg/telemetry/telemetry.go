@@ -83,15 +83,27 @@ func MetricsHandler(reg *prometheus.Registry, ready ReadyFunc, withPprof bool) h
 	return mux
 }
 
-// Server is an http.Server with the timeouts every listener of the project
-// needs against slow clients.
-func Server(h http.Handler) *http.Server {
+// Timeouts against slow clients (slowloris): headers must arrive within
+// ReadHeaderTimeout, the whole request within ReadTimeout.
+type Timeouts struct {
+	ReadHeader, Read, Write, Idle time.Duration
+}
+
+// DefaultTimeouts suit webhook requests of at most a few megabytes.
+var DefaultTimeouts = Timeouts{ReadHeader: 5 * time.Second, Read: 30 * time.Second, Write: 30 * time.Second, Idle: 90 * time.Second}
+
+// Server is an http.Server with the timeouts and header limit every
+// listener of the project needs against slow and oversized clients.
+func Server(h http.Handler) *http.Server { return ServerWithTimeouts(h, DefaultTimeouts) }
+
+// ServerWithTimeouts is Server with other timeouts.
+func ServerWithTimeouts(h http.Handler, t Timeouts) *http.Server {
 	return &http.Server{
 		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       90 * time.Second,
+		ReadHeaderTimeout: t.ReadHeader,
+		ReadTimeout:       t.Read,
+		WriteTimeout:      t.Write,
+		IdleTimeout:       t.Idle,
 		MaxHeaderBytes:    16 << 10,
 	}
 }

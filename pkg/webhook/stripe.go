@@ -1,5 +1,9 @@
 // Package webhook verifies provider webhook signatures on the raw request
-// body, before anything parses it.
+// body, before anything parses it. Three schemes are supported: Stripe
+// (Stripe-Signature), Standard Webhooks (webhook-id, webhook-timestamp,
+// webhook-signature) and GitHub (X-Hub-Signature-256). Each verifier takes
+// several secrets, so a secret can be rotated without downtime, and reports
+// which one matched.
 //
 // Stripe signs "t.<raw body>" with HMAC-SHA256 under the endpoint's signing
 // secret and sends Stripe-Signature: t=<unix seconds>,v1=<hex>[,v1=<hex>…].
@@ -15,6 +19,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -22,6 +27,21 @@ import (
 
 // StripeHeader is the header that carries a Stripe signature.
 const StripeHeader = "Stripe-Signature"
+
+// Signature schemes.
+const (
+	SchemeStripe   = "stripe"
+	SchemeStandard = "standard"
+	SchemeGitHub   = "github"
+)
+
+// Verifier checks the signature of a request over its raw body.
+type Verifier interface {
+	// Verify returns the index of the secret that matched, or an *Error.
+	Verify(h http.Header, body []byte) (int, error)
+	// Scheme names the signature scheme.
+	Scheme() string
+}
 
 // Reason classifies a verification failure; it is a metric label and part of
 // the 401 answer.
@@ -78,9 +98,18 @@ func (v *StripeVerifier) WithClock(now func() time.Time) *StripeVerifier {
 	return &c
 }
 
-// Verify checks header against body. On success it returns the index of the
-// secret that matched, so a rotation can be finished with evidence.
-func (v *StripeVerifier) Verify(header string, body []byte) (int, error) {
+// Scheme implements Verifier.
+func (v *StripeVerifier) Scheme() string { return SchemeStripe }
+
+// Verify implements Verifier: it checks the Stripe-Signature header.
+func (v *StripeVerifier) Verify(h http.Header, body []byte) (int, error) {
+	return v.VerifyHeader(h.Get(StripeHeader), body)
+}
+
+// VerifyHeader checks a Stripe-Signature value against body. On success it
+// returns the index of the secret that matched, so a rotation can be
+// finished with evidence.
+func (v *StripeVerifier) VerifyHeader(header string, body []byte) (int, error) {
 	if header == "" {
 		return -1, &Error{Reason: ReasonMissing, Detail: "no " + StripeHeader + " header"}
 	}
@@ -103,14 +132,24 @@ func (v *StripeVerifier) Verify(header string, body []byte) (int, error) {
 	if matched < 0 {
 		return -1, &Error{Reason: ReasonMismatch, Detail: "no v1 signature matches the body under any configured secret"}
 	}
-	age := v.now().Sub(time.Unix(ts, 0))
-	switch {
-	case age > v.tolerance:
-		return -1, &Error{Reason: ReasonStale, Detail: "timestamp is older than the tolerance of " + v.tolerance.String()}
-	case age < -v.tolerance:
-		return -1, &Error{Reason: ReasonFuture, Detail: "timestamp is further in the future than the tolerance of " + v.tolerance.String()}
+	if err := checkAge(v.now(), time.Unix(ts, 0), v.tolerance); err != nil {
+		return -1, err
 	}
 	return matched, nil
+}
+
+// checkAge rejects a signature timestamp further than tolerance from now,
+// in either direction: old is a replay, future is a forgery or a broken
+// clock.
+func checkAge(now, signed time.Time, tolerance time.Duration) error {
+	age := now.Sub(signed)
+	switch {
+	case age > tolerance:
+		return &Error{Reason: ReasonStale, Detail: "timestamp is older than the tolerance of " + tolerance.String()}
+	case age < -tolerance:
+		return &Error{Reason: ReasonFuture, Detail: "timestamp is further in the future than the tolerance of " + tolerance.String()}
+	}
+	return nil
 }
 
 // parseStripeHeader reads t and every v1 from "t=…,v1=…,v0=…". Unknown

@@ -18,7 +18,7 @@ func TestStripeLibrarySignaturesAreAccepted(t *testing.T) {
 	now := time.Now()
 	signed := stripewebhook.GenerateTestSignedPayload(&stripewebhook.UnsignedPayload{Payload: body, Secret: "whsec_live", Timestamp: now})
 	v := webhook.NewStripeVerifier([]string{"whsec_live"}, 5*time.Minute)
-	idx, err := v.Verify(signed.Header, body)
+	idx, err := v.VerifyHeader(signed.Header, body)
 	require.NoError(t, err)
 	assert.Equal(t, 0, idx)
 
@@ -28,7 +28,7 @@ func TestStripeLibrarySignaturesAreAccepted(t *testing.T) {
 
 func TestRotationReportsWhichSecretMatched(t *testing.T) {
 	v := webhook.NewStripeVerifier([]string{"whsec_new", "whsec_old"}, 5*time.Minute)
-	idx, err := v.Verify(webhook.SignStripe("whsec_old", time.Now(), body), body)
+	idx, err := v.VerifyHeader(webhook.SignStripe("whsec_old", time.Now(), body), body)
 	require.NoError(t, err)
 	assert.Equal(t, 1, idx)
 }
@@ -40,7 +40,7 @@ func TestAnyOfSeveralV1SignaturesMatches(t *testing.T) {
 	header := "t=" + strings.TrimPrefix(strings.Split(good, ",")[0], "t=") +
 		",v1=" + strings.Repeat("ab", 32) + ",v0=deadbeef,v1=" + goodSig
 	v := webhook.NewStripeVerifier([]string{"whsec_a"}, 5*time.Minute)
-	_, err := v.Verify(header, body)
+	_, err := v.VerifyHeader(header, body)
 	require.NoError(t, err)
 }
 
@@ -67,7 +67,7 @@ func TestRejections(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := v.Verify(c.header, c.body)
+			_, err := v.VerifyHeader(c.header, c.body)
 			require.Error(t, err)
 			assert.Equal(t, c.want, webhook.ReasonOf(err))
 		})
@@ -78,7 +78,7 @@ func TestToleranceEdgesAreInclusive(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	v := webhook.NewStripeVerifier([]string{"whsec_a"}, 5*time.Minute).WithClock(func() time.Time { return now })
 	for _, at := range []time.Time{now.Add(-5 * time.Minute), now.Add(5 * time.Minute)} {
-		_, err := v.Verify(webhook.SignStripe("whsec_a", at, body), body)
+		_, err := v.VerifyHeader(webhook.SignStripe("whsec_a", at, body), body)
 		assert.NoError(t, err, "timestamp %v", at)
 	}
 }

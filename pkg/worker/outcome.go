@@ -21,6 +21,9 @@ const (
 	Retry
 	// DeadLetter: publish a copy to events.dlq, then ack.
 	DeadLetter
+	// Conflict: the id was committed with other content; the delivery is
+	// recorded in event_conflicts (never processed), then acked.
+	Conflict
 )
 
 func (o Outcome) String() string {
@@ -33,6 +36,8 @@ func (o Outcome) String() string {
 		return "retried"
 	case DeadLetter:
 		return "dead_lettered"
+	case Conflict:
+		return "conflict"
 	}
 	return "unknown"
 }

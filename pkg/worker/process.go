@@ -2,7 +2,7 @@ package worker
 
 import (
 	"context"
-	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -19,13 +19,15 @@ import (
 // Ledger commits events; *store.Store is the real one.
 type Ledger interface {
 	Commit(ctx context.Context, recs []store.Record) ([]bool, error)
+	Digests(ctx context.Context, ids []string) ([]string, error)
+	RecordConflicts(ctx context.Context, cs []store.Conflict) error
 	Ping(ctx context.Context) error
 }
 
 // Cache is the Redis fast path; *dedupe.Cache is the real one.
 type Cache interface {
-	Committed(ctx context.Context, ids []string) ([]bool, error)
-	MarkCommitted(ctx context.Context, ids []string) error
+	Committed(ctx context.Context, ids []string) ([]string, error)
+	MarkCommitted(ctx context.Context, entries []dedupe.Entry) error
 }
 
 // Hook runs at a point of processing with the event ids of the batch. A
@@ -49,8 +51,9 @@ type message struct {
 	d       amqp.Delivery
 	attempt int
 	ev      event.Event
-	digest  []byte
 	res     Result
+	// stored is the digest the ledger holds when it differs from ev's.
+	stored string
 }
 
 func newMessage(d amqp.Delivery) *message {
@@ -62,14 +65,15 @@ func newMessage(d amqp.Delivery) *message {
 func (w *Worker) process(ctx context.Context, msgs []*message) error {
 	pending := make([]*message, 0, len(msgs))
 	for _, m := range msgs {
-		ev, err := event.Decode(m.d.Body)
+		h := m.d.Headers
+		ev, err := event.Parse(broker.String(h, broker.HeaderScheme), broker.String(h, broker.HeaderEventID),
+			broker.String(h, broker.HeaderEventType), m.d.Body)
 		if err != nil {
 			m.res = decide(err, m.attempt, w.opts.Topology.RetryDelays)
 			continue
 		}
+		ev.ID = event.Key(sourceOf(h), ev.ID)
 		m.ev = ev
-		sum := sha256.Sum256(m.d.Body)
-		m.digest = sum[:]
 		pending = append(pending, m)
 	}
 	// Copies of one event in the same batch go in later rounds, where the
@@ -106,17 +110,25 @@ func (w *Worker) processRound(ctx context.Context, msgs []*message) error {
 		w.log.Debug("redis lookup failed; asking postgres", zap.Error(err))
 		hits = nil
 	}
-	var todo []*message
+	var todo, conflicts []*message
 	for i, m := range msgs {
-		if hits != nil && hits[i] {
+		switch {
+		case hits == nil:
+			todo = append(todo, m)
+		case hits[i] == "":
+			w.m.redisLookups.WithLabelValues("miss").Inc()
+			todo = append(todo, m)
+		case hits[i] == m.ev.DigestHex():
 			w.m.redisLookups.WithLabelValues("hit").Inc()
 			m.res = Result{Outcome: Duplicate, Layer: dedupe.LayerRedis}
-			continue
+		default:
+			w.m.redisLookups.WithLabelValues("hit").Inc()
+			m.stored = hits[i]
+			conflicts = append(conflicts, m)
 		}
-		if hits != nil {
-			w.m.redisLookups.WithLabelValues("miss").Inc()
-		}
-		todo = append(todo, m)
+	}
+	if err := w.recordConflicts(ctx, conflicts); err != nil {
+		return err
 	}
 	if len(todo) == 0 {
 		return nil
@@ -125,6 +137,43 @@ func (w *Worker) processRound(ctx context.Context, msgs []*message) error {
 		return err
 	}
 	return w.commit(ctx, todo, true)
+}
+
+// recordConflicts keeps deliveries whose id committed with other content in
+// event_conflicts. They are never processed; once recorded, they are acked.
+func (w *Worker) recordConflicts(ctx context.Context, msgs []*message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	cs := make([]store.Conflict, len(msgs))
+	for i, m := range msgs {
+		stored, _ := hex.DecodeString(m.stored)
+		cs[i] = store.Conflict{EventID: m.ev.ID, Source: sourceOf(m.d.Headers), StoredDigest: stored,
+			ReceivedDigest: m.ev.Digest[:], Body: m.d.Body, ReceivedAt: broker.ReceivedAt(m.d.Headers)}
+	}
+	tctx, cancel := context.WithTimeout(ctx, w.opts.ProcessTimeout)
+	defer cancel()
+	if err := w.opts.Ledger.RecordConflicts(tctx, cs); err != nil {
+		return w.failed(msgs, err)
+	}
+	for _, m := range msgs {
+		m.res = Result{Outcome: Conflict}
+	}
+	return nil
+}
+
+// failed decides the fate of msgs whose database step failed with err:
+// when Postgres is unreachable the round stops and the worker pauses;
+// otherwise each message gets its retry or DLQ outcome.
+func (w *Worker) failed(msgs []*message, err error) error {
+	if !w.opts.RetryOnOutage && store.IsOutage(err) {
+		// Nothing is wrong with these messages: give them back and wait.
+		return fmt.Errorf("%w: %v", errDependencyDown, err)
+	}
+	for _, m := range msgs {
+		m.res = decide(err, m.attempt, w.opts.Topology.RetryDelays)
+	}
+	return nil
 }
 
 // commit writes msgs in one transaction. When that fails for a reason that
@@ -142,43 +191,74 @@ func (w *Worker) commit(ctx context.Context, msgs []*message, isolate bool) erro
 			}
 			return nil
 		}
-		if !w.opts.RetryOnOutage && store.IsOutage(err) {
-			// Nothing is wrong with these messages: give them back and wait.
-			return fmt.Errorf("%w: %v", errDependencyDown, err)
-		}
-		for _, m := range msgs {
-			m.res = decide(err, m.attempt, w.opts.Topology.RetryDelays)
-		}
-		return nil
+		return w.failed(msgs, err)
 	}
 
-	ids := make([]string, len(msgs))
 	now := time.Now()
+	var dups []*message
 	for i, m := range msgs {
-		ids[i] = m.ev.ID
 		if isNew[i] {
 			m.res = Result{Outcome: Processed}
 			if at := broker.ReceivedAt(m.d.Headers); !at.IsZero() {
 				w.m.endToEnd.Observe(now.Sub(at).Seconds())
 			}
 		} else {
-			m.res = Result{Outcome: Duplicate, Layer: dedupe.LayerPostgres}
+			dups = append(dups, m)
 		}
 	}
 	if err := runHook(w.opts.Hooks.AfterCommit, msgs); err != nil {
 		return err
 	}
+	if err := w.checkDuplicates(ctx, dups); err != nil {
+		return err
+	}
 	// Only now may Redis learn of them. A failure costs a Postgres lookup
 	// later, nothing more.
+	var entries []dedupe.Entry
+	for _, m := range msgs {
+		if m.res.Outcome == Processed || m.res.Outcome == Duplicate {
+			entries = append(entries, dedupe.Entry{ID: m.ev.ID, Digest: m.ev.DigestHex()})
+		}
+	}
 	mctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	if err := w.opts.Cache.MarkCommitted(mctx, ids); err != nil {
+	if err := w.opts.Cache.MarkCommitted(mctx, entries); err != nil {
 		w.m.redisWrites.WithLabelValues("error").Inc()
 		w.log.Debug("redis write after commit failed", zap.Error(err))
 	} else {
 		w.m.redisWrites.WithLabelValues("ok").Inc()
 	}
 	return nil
+}
+
+// checkDuplicates compares the content of deliveries the ledger already had
+// with what it holds: the same content is a duplicate, other content a
+// conflict to record.
+func (w *Worker) checkDuplicates(ctx context.Context, dups []*message) error {
+	if len(dups) == 0 {
+		return nil
+	}
+	ids := make([]string, len(dups))
+	for i, m := range dups {
+		ids[i] = m.ev.ID
+	}
+	tctx, cancel := context.WithTimeout(ctx, w.opts.ProcessTimeout)
+	stored, err := w.opts.Ledger.Digests(tctx, ids)
+	cancel()
+	if err != nil {
+		return w.failed(dups, err)
+	}
+	var conflicts []*message
+	for i, m := range dups {
+		// "" means the row is gone again (pruned): it existed at COMMIT.
+		if stored[i] == m.ev.DigestHex() || stored[i] == "" {
+			m.res = Result{Outcome: Duplicate, Layer: dedupe.LayerPostgres}
+			continue
+		}
+		m.stored = stored[i]
+		conflicts = append(conflicts, m)
+	}
+	return w.recordConflicts(ctx, conflicts)
 }
 
 // commitOnce runs one transaction, turning a panic into a permanent error.
@@ -193,7 +273,7 @@ func (w *Worker) commitOnce(ctx context.Context, msgs []*message) (isNew []bool,
 		recs[i] = store.Record{
 			Event:         m.ev,
 			Source:        sourceOf(m.d.Headers),
-			PayloadSHA256: m.digest,
+			PayloadSHA256: m.ev.Digest[:],
 			ReceivedAt:    broker.ReceivedAt(m.d.Headers),
 			Attempt:       m.attempt,
 		}

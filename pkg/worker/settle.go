@@ -26,6 +26,9 @@ func (w *Worker) settle(ctx context.Context, s *session, m *message) error {
 			w.m.duplicates.WithLabelValues(string(res.Layer)).Inc()
 			w.log.Debug("duplicate acked", zap.String("event_id", m.ev.ID), zap.String("layer", string(res.Layer)))
 		}
+	case Conflict:
+		w.log.Warn("event id reused with different content: recorded in event_conflicts, not processed",
+			zap.String("event_id", m.ev.ID), zap.String("stored_digest", m.stored), zap.String("digest", m.ev.DigestHex()))
 	case Retry:
 		queue := broker.RetryQueue(res.Delay)
 		if err := w.publishCopy(ctx, s, queue, m, nil); err != nil {

@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -425,4 +427,67 @@ func TestReplayQueueIsConsumedThroughTheSamePipeline(t *testing.T) {
 	payments, _ = e.rows("evt_replay_new")
 	assert.Equal(t, 1, payments)
 	assert.Equal(t, 0, e.broker.Depth(broker.ReplayQueue))
+}
+
+// The same event id with other content is never processed twice and never
+// silently taken for a duplicate: it is recorded in event_conflicts, whether
+// Redis or only Postgres still knows the first content. A Stripe retry whose
+// envelope changed (pending_webhooks) is an ordinary duplicate.
+func TestReusedIDWithOtherContentIsRecordedAsConflict(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	w := e.start()
+	original := e.event("evt_reused")
+	e.publish(original)
+	eventually(t, func() bool { return w.outcomes("processed") == 1 }, "processed")
+
+	retried := bytes.Replace(original, []byte(`"pending_webhooks":1`), []byte(`"pending_webhooks":3`), 1)
+	require.NotEqual(t, original, retried)
+	e.publish(retried)
+	eventually(t, func() bool { return w.outcomes("duplicate") == 1 }, "a Stripe retry is a duplicate")
+
+	changed := bytes.Replace(original, []byte(`"amount":2500`), []byte(`"amount":1`), 1)
+	require.NotEqual(t, original, changed)
+	e.publish(changed) // Redis knows the first content
+	eventually(t, func() bool { return w.outcomes("conflict") == 1 }, "conflict seen through Redis")
+	require.NoError(t, testenv.DeleteKeys(testenv.RedisURL, e.prefix))
+	changedAgain := bytes.Replace(original, []byte(`"amount":2500`), []byte(`"amount":2`), 1)
+	e.publish(changedAgain) // only Postgres knows
+	eventually(t, func() bool { return w.outcomes("conflict") == 2 }, "conflict seen through Postgres")
+	w.stop(t)
+
+	var amount int64
+	require.NoError(t, e.store.Pool().QueryRow(context.Background(), "SELECT amount_cents FROM payments WHERE event_id='evt_reused'").Scan(&amount))
+	assert.Equal(t, int64(2500), amount, "the first content's effect stands")
+	payments, _ := e.rows("evt_reused")
+	assert.Equal(t, 1, payments)
+	var conflicts int
+	require.NoError(t, e.store.Pool().QueryRow(context.Background(), "SELECT count(*) FROM event_conflicts WHERE event_id='evt_reused'").Scan(&conflicts))
+	assert.Equal(t, 2, conflicts)
+	assert.Equal(t, 0, e.broker.Depth(broker.MainQueue))
+}
+
+// Deliveries of other sources are keyed by (source, provider id): the same
+// provider id from two sources is two events.
+func TestOtherSourcesAreKeyedBySourceAndID(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	w := e.start()
+	std := []byte(`{"type":"invoice.paid","data":{"payment_intent":"pi_s","amount_cents":700,"currency":"eur","status":"paid"}}`)
+	for _, source := range []string{"acme", "globex"} {
+		e.publishWith(std, amqp.Table{broker.HeaderSource: source, broker.HeaderScheme: "standard", broker.HeaderEventID: "msg_1"})
+	}
+	e.publishWith([]byte(`{"zen":"hi"}`), amqp.Table{broker.HeaderSource: "gh", broker.HeaderScheme: "github",
+		broker.HeaderEventID: "d-1", broker.HeaderEventType: "ping"})
+	eventually(t, func() bool { return w.outcomes("processed") == 3 }, "three distinct events")
+	w.stop(t)
+	for _, key := range []string{"acme:msg_1", "globex:msg_1"} {
+		payments, ledger := e.rows(key)
+		assert.Equal(t, 1, payments, key)
+		assert.Equal(t, 1, ledger, key)
+	}
+	payments, ledger := e.rows("gh:d-1")
+	assert.Equal(t, 0, payments, "a GitHub event has no payment")
+	assert.Equal(t, 1, ledger)
+	e.invariant()
 }
