@@ -26,7 +26,7 @@ dev: services build ## Migrate, then run receiver + worker in the foreground aga
 	BIN=$(BIN) hack/dev.sh
 
 .PHONY: test
-test: services browser lint test-go chaos-short check-observability check-deploy ## The whole suite: lint, Go tests on the real services, a short chaos run, alert/dashboard checks, chart/image/dev-loop checks
+test: services browser lint test-go fuzz-short chaos-short check-observability check-deploy ## The whole suite: lint, Go tests on the real services, short fuzz and chaos runs, alert/dashboard checks, chart/image/dev-loop checks
 
 .PHONY: browser
 browser: ## Install Debian's headless Chromium for the DLQ page's browser test (needs root + apt; in CI a failure is fatal)
@@ -67,4 +67,4 @@ check-observability: ## promtool check/test of the alert rules, dashboard valida
 
 .PHONY: check-deploy
 check-deploy: ## Offline checks of the Helm chart, Dockerfile, kind config and Tiltfile
-	@if [ -x hack/check-deploy.sh ]; then hack/check-deploy.sh; else echo "check-deploy: hack/check-deploy.sh not present yet"; fi
+	hack/check-deploy.sh

@@ -122,8 +122,20 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 			return err
 		}
 	}
-	return declareQueue(ch, DLQ, t.args(false))
+	dlqArgs := t.args(false)
+	if t.QueueType == QueueQuorum {
+		// The DLQ has nowhere to dead-letter to, and its messages are
+		// browsed (taken and requeued) by the DLQ tools: a delivery limit
+		// would drop them. RabbitMQ 4 sets one by default (20), so it is set
+		// out of reach explicitly.
+		dlqArgs["x-delivery-limit"] = dlqDeliveryLimit
+	}
+	return declareQueue(ch, DLQ, dlqArgs)
 }
+
+// dlqDeliveryLimit is x-delivery-limit of a quorum events.dlq: high enough
+// never to be reached by browsing.
+const dlqDeliveryLimit = 1 << 30
 
 func (t Topology) queueType() string {
 	if t.QueueType == QueueQuorum {

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idempotent-events/idempotent-events/pkg/telemetry"
 	"github.com/idempotent-events/idempotent-events/pkg/webhook"
 )
 
@@ -29,6 +30,7 @@ usage:
   eventsctl sign [flags]   print the Stripe-Signature header for a body
   eventsctl verify [flags] wait until an event has exactly its expected rows
   eventsctl status [flags] queue depths and lag, DLQ size, ledger and duplicate rate
+  eventsctl dlq <command>  list, show, replay or discard messages in events.dlq (eventsctl dlq -h)
 
 Run "eventsctl <command> -h" for the flags of a command.
 `
@@ -49,6 +51,11 @@ func Main(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, 
 		return verify(ctx, args[1:], env, stdout, stderr)
 	case "status":
 		return status(ctx, args[1:], env, stdout, stderr)
+	case "dlq":
+		return dlqCmd(ctx, args[1:], env, stdout, stderr)
+	case "--version", "version":
+		fmt.Fprintln(stdout, "eventsctl", telemetry.Version)
+		return 0
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

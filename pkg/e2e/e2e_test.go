@@ -58,7 +58,7 @@ func cleanEnv(vars ...string) []string {
 
 func isConfigVar(name string) bool {
 	for _, p := range []string{"AMQP_", "REDIS_", "DATABASE_", "LOG_", "QUEUE_", "RETRY_", "QUORUM_", "DEDUPE_", "HTTP_",
-		"METRICS_", "WEBHOOK_", "INSECURE_", "PUBLISH_", "RECEIVER_", "DUPLICATE_", "SHUTDOWN_", "WORKER_", "DB_", "PROCESS_", "MIGRATE_"} {
+		"METRICS_", "WEBHOOK_", "INSECURE_", "PUBLISH_", "RECEIVER_", "DUPLICATE_", "SHUTDOWN_", "WORKER_", "DB_", "PROCESS_", "MIGRATE_", "ADMIN_"} {
 		if strings.HasPrefix(name, p) {
 			return true
 		}

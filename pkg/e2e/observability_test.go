@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idempotent-events/idempotent-events/pkg/admin"
+	"github.com/idempotent-events/idempotent-events/pkg/dlq"
 	"github.com/idempotent-events/idempotent-events/pkg/queuestats"
 	"github.com/idempotent-events/idempotent-events/pkg/receiver"
 	"github.com/idempotent-events/idempotent-events/pkg/telemetry"
@@ -48,6 +50,8 @@ func exported(t *testing.T) map[string]bool {
 	d := &describer{names: map[string]bool{}}
 	receiver.NewMetrics(d)
 	worker.NewMetrics(d)
+	dlq.NewMetrics(d)
+	admin.NewMetrics(d)
 	queuestats.NewCollector(d, nil, "")
 	_ = d.Register(telemetry.NewRegistry("test"))
 	out := map[string]bool{}

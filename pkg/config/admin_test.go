@@ -1,0 +1,56 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idempotent-events/idempotent-events/pkg/config"
+)
+
+func TestAdminIsOffWithoutAToken(t *testing.T) {
+	cleanEnv(t)
+	var c config.Worker
+	require.NoError(t, config.Load(&c))
+	assert.False(t, c.AdminEnabled())
+	assert.Equal(t, ":9092", c.AdminAddr)
+	assert.Equal(t, "admin-api", c.AdminOperator)
+	assert.Equal(t, 20.0, c.AdminReplayRate)
+	assert.Equal(t, 1000, c.AdminScanLimit)
+	assert.Equal(t, 8*time.Hour, c.AdminSessionTTL)
+
+	t.Setenv("ADMIN_TOKEN", "a-long-enough-admin-token")
+	require.NoError(t, config.Load(&c))
+	assert.True(t, c.AdminEnabled())
+}
+
+func TestInvalidAdminValuesNameTheVariable(t *testing.T) {
+	cases := map[string]string{
+		"ADMIN_ADDR":           "9092",
+		"ADMIN_TOKEN":          "short",
+		"ADMIN_OPERATOR":       strings.Repeat("x", 65),
+		"ADMIN_REPLAY_RATE":    "0",
+		"ADMIN_DLQ_SCAN_LIMIT": "0",
+		"ADMIN_SESSION_TTL":    "1s",
+	}
+	for name, value := range cases {
+		t.Run(name, func(t *testing.T) {
+			cleanEnv(t)
+			t.Setenv(name, value)
+			var c config.Worker
+			requireProblem(t, config.Load(&c), name)
+		})
+	}
+}
+
+func TestTheAdminTokenIsNotEchoed(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv("ADMIN_TOKEN", "s3cret ")
+	var c config.Worker
+	err := config.Load(&c)
+	requireProblem(t, err, "ADMIN_TOKEN")
+	assert.NotContains(t, err.Error(), "s3cret")
+}
