@@ -7,7 +7,6 @@ BIN       ?= bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/idempotent-events/idempotent-events/pkg/telemetry.Version=$(VERSION)
 GOFLAGS_BUILD := -trimpath -buildvcs=false
-export CGO_ENABLED ?= 0
 
 .PHONY: help
 help: ## Show this help
@@ -15,7 +14,7 @@ help: ## Show this help
 
 .PHONY: build
 build: ## Build receiver, worker, migrate and eventsctl into bin/ (static, as in the image)
-	$(GO) build $(GOFLAGS_BUILD) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 .PHONY: services
 services: ## Start local RabbitMQ, Redis and PostgreSQL if they are not listening
