@@ -140,7 +140,7 @@ func (f figures) print(title string) {
 	fmt.Printf("\n--- %s ---\n", title)
 	fmt.Printf("limits of this machine (same services, same run)\n")
 	fmt.Printf("  raw RabbitMQ confirmed publishes     %9.0f msg/s  (256 in flight, one channel)\n", f.rawPublish)
-	fmt.Printf("  raw RabbitMQ consume, multiple acks  %9.0f msg/s  (prefetch 256, ack every 64)\n", f.rawConsume)
+	fmt.Printf("  raw RabbitMQ consume, multiple acks  %9.0f msg/s  (prefetch 1024, ack every 128)\n", f.rawConsume)
 	fmt.Printf("  raw Postgres, one row per tx         %9.0f rows/s (1 client, ledger+payment row)\n", f.pgOne)
 	fmt.Printf("  raw Postgres, 100 rows per tx        %9.0f rows/s (8 clients)\n", f.pgBatch)
 	fmt.Printf("receiver\n")
@@ -224,9 +224,10 @@ func newStack(ctx context.Context, binDir string) *harness.Stack {
 	return s
 }
 
-// rawBroker publishes n messages the size of an event with publisher
-// confirms, 256 in flight on one channel, then consumes them with prefetch
-// 256 and a multiple ack every 64 deliveries.
+// rawBroker publishes n messages shaped like the receiver's (same body
+// size, properties and headers) with publisher confirms, 256 in flight on
+// one channel, then consumes them with the worker's prefetch (1024) and a
+// multiple ack every 128 deliveries (the worker's batch size).
 func rawBroker(ctx context.Context, binDir string, n int) (publish, consume float64) {
 	s := newStack(ctx, binDir)
 	defer s.Close()
@@ -270,13 +271,14 @@ func rawBroker(ctx context.Context, binDir string, n int) (publish, consume floa
 
 	cch, err := conn.Channel()
 	check(err)
-	check(cch.Qos(256, 0, false))
+	// The worker's default prefetch, and a multiple ack per worker batch.
+	check(cch.Qos(1024, 0, false))
 	deliveries, err := cch.Consume("bench.raw", "", false, false, false, false, nil)
 	check(err)
 	start = time.Now()
 	for i := 1; i <= n; i++ {
 		d := <-deliveries
-		if i%64 == 0 || i == n {
+		if i%128 == 0 || i == n {
 			check(d.Ack(true))
 		}
 	}

@@ -3,12 +3,13 @@ package broker
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"os"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
+
+	"github.com/idempotent-events/idempotent-events/pkg/backoff"
 )
 
 // Dialer says how to reach the broker.
@@ -62,14 +63,14 @@ func Supervise(ctx context.Context, d Dialer, log *zap.Logger, onState func(conn
 		maxBackoff = 10 * time.Second
 	}
 	const minBackoff = 100 * time.Millisecond
-	backoff := minBackoff
+	wait := minBackoff
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
 		conn, err := d.Dial()
 		if err != nil {
-			log.Warn("broker connect failed", zap.Error(err), zap.Duration("retry_in", backoff))
+			log.Warn("broker connect failed", zap.Error(err), zap.Duration("retry_in", wait))
 		} else {
 			started := time.Now()
 			log.Info("broker connected")
@@ -86,30 +87,13 @@ func Supervise(ctx context.Context, d Dialer, log *zap.Logger, onState func(conn
 				log.Warn("broker connection closed")
 			}
 			if time.Since(started) > 30*time.Second {
-				backoff = minBackoff
+				wait = minBackoff
 			}
 		}
-		if !sleep(ctx, jitter(backoff)) {
+		if !backoff.Sleep(ctx, backoff.Jitter(wait)) {
 			return nil
 		}
-		backoff = min(backoff*2, maxBackoff)
-	}
-}
-
-// jitter picks a wait in [d/2, d) so reconnecting clients spread out.
-func jitter(d time.Duration) time.Duration {
-	half := d / 2
-	return half + rand.N(half+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
+		wait = min(wait*2, maxBackoff)
 	}
 }
 

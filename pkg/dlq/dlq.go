@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/time/rate"
 
+	"github.com/idempotent-events/idempotent-events/pkg/backoff"
 	"github.com/idempotent-events/idempotent-events/pkg/broker"
 )
 
@@ -321,7 +322,7 @@ func (c *Client) mutate(ctx context.Context, action string, req Request) (Report
 		case len(want) > 0 && exhausted && idRetries > 0:
 			// Another operator may hold the missing ones for a moment.
 			idRetries--
-			if !sleep(ctx, 300*time.Millisecond) {
+			if !backoff.Sleep(ctx, 300*time.Millisecond) {
 				return rep, ctx.Err()
 			}
 			continue
@@ -590,15 +591,4 @@ func (s *session) close() {
 		_ = s.pub.Close()
 	}
 	_ = s.conn.Close()
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -112,15 +111,6 @@ func TestInvalidConfigurationExitsTwoNamingTheVariable(t *testing.T) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
-
 type proc struct {
 	cmd    *exec.Cmd
 	out    *bytes.Buffer
@@ -158,14 +148,7 @@ func (p *proc) term(t *testing.T, timeout time.Duration) int {
 
 func waitReady(t *testing.T, url string) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		resp, err := http.Get(url)
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, 20*time.Second, 50*time.Millisecond, "%s never ready", url)
+	require.NoError(t, testenv.AwaitHTTP(url, http.StatusOK, 20*time.Second))
 }
 
 // The README's flow with the real binaries: migrate, receiver, worker,
@@ -180,7 +163,7 @@ func TestBinariesEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
 
-	httpAddr, rMetrics, wMetrics := freeAddr(t), freeAddr(t), freeAddr(t)
+	httpAddr, rMetrics, wMetrics := testenv.FreeAddr(), testenv.FreeAddr(), testenv.FreeAddr()
 	env := cleanEnv("AMQP_URL="+amqpURL, "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL,
 		"REDIS_KEY_PREFIX="+testenv.RedisPrefix(t), "WEBHOOK_SECRETS=whsec_e2e,whsec_old",
 		"HTTP_ADDR="+httpAddr, "LOG_LEVEL=debug", "SHUTDOWN_TIMEOUT=10s")

@@ -45,17 +45,17 @@ func loadConfig(t *testing.T, cfg config.Validator, vars map[string]string) {
 func TestMetricsMoveByTheExpectedAmounts(t *testing.T) {
 	amqpURL := testenv.VHost(t)
 	dbURL := testenv.Schema(t)
-	httpAddr := freeAddr(t)
+	httpAddr := testenv.FreeAddr()
 	common := map[string]string{
 		"AMQP_URL": amqpURL, "DATABASE_URL": dbURL, "REDIS_URL": testenv.RedisURL,
 		"REDIS_KEY_PREFIX": testenv.RedisPrefix(t), "RETRY_DELAYS": "300ms,300ms", "LOG_LEVEL": "debug",
 		"WEBHOOK_SECRETS": "whsec_metrics", "HTTP_ADDR": httpAddr, "QUEUE_STATS_INTERVAL": "1s",
 	}
 	var rcfg config.Receiver
-	common["METRICS_ADDR"] = freeAddr(t)
+	common["METRICS_ADDR"] = testenv.FreeAddr()
 	loadConfig(t, &rcfg, common)
 	var wcfg config.Worker
-	common["METRICS_ADDR"] = freeAddr(t)
+	common["METRICS_ADDR"] = testenv.FreeAddr()
 	loadConfig(t, &wcfg, common)
 
 	// evt_m_retry fails transiently once; evt_m_rejected is refused by the

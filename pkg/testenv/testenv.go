@@ -15,6 +15,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -252,4 +253,34 @@ func ReplaceHost(rawURL, hostPort string) string {
 	}
 	u.Host = hostPort
 	return u.String()
+}
+
+// FreeAddr returns a 127.0.0.1 address with a port that was free a moment
+// ago, for a process under test to listen on.
+func FreeAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// AwaitHTTP polls url until it answers want, or returns an error after
+// timeout.
+func AwaitHTTP(url string, want int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		resp, err := apiClient.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == want {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not answer %d within %s", url, want, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

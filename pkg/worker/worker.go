@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
+	"github.com/idempotent-events/idempotent-events/pkg/backoff"
 	"github.com/idempotent-events/idempotent-events/pkg/broker"
 )
 
@@ -152,7 +152,7 @@ var errDependencyDown = errors.New("postgres unreachable: pausing consumption")
 // so a Postgres outage leaves events waiting in events.main instead of
 // burning through the retry tiers toward the DLQ.
 func (w *Worker) awaitDependencies(ctx context.Context) bool {
-	backoff := 100 * time.Millisecond
+	wait := 100 * time.Millisecond
 	for i := 0; ; i++ {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := w.opts.Ledger.Ping(pctx)
@@ -171,17 +171,11 @@ func (w *Worker) awaitDependencies(ctx context.Context) bool {
 			w.log.Warn("postgres unreachable: consumption paused until it answers", zap.Error(err))
 			w.m.paused.Set(1)
 		}
-		select {
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, backoff.Jitter(wait)) {
 			return false
-		case <-time.After(jitter(backoff)):
 		}
-		backoff = min(backoff*2, 5*time.Second)
+		wait = min(wait*2, 5*time.Second)
 	}
-}
-
-func jitter(d time.Duration) time.Duration {
-	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
 }
 
 // consumeRound consumes events.main and events.replay until ctx is done,

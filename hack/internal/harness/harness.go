@@ -11,7 +11,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -111,14 +110,7 @@ func configVar(name string) bool {
 }
 
 // FreeAddr returns a 127.0.0.1 address nobody listens on right now.
-func FreeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+func FreeAddr() string { return testenv.FreeAddr() }
 
 // Proc is a running binary.
 type Proc struct {
@@ -192,18 +184,7 @@ func (p *Proc) RSS() (cur, peak int64) {
 
 // WaitHTTP polls url until it answers 200 or timeout passes.
 func WaitHTTP(url string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("%s not ready after %s", url, timeout)
+	return testenv.AwaitHTTP(url, http.StatusOK, timeout)
 }
 
 // tail keeps the last max lines written to it.

@@ -10,7 +10,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -102,9 +101,9 @@ func (p *Pipeline) Config(adminToken string) config.Worker {
 		Logging:  config.Logging{LogLevel: "debug", LogFormat: "console"},
 		Topology: config.Topology{QueueType: p.Topo.QueueType, RetryDelays: config.Durations(p.Topo.RetryDelays), QuorumDeliveryLimit: p.Topo.DeliveryLimit},
 		Dedupe:   config.Dedupe{RedisKeyPrefix: p.Prefix, DedupeTTL: time.Minute},
-		Admin: config.Admin{AdminAddr: FreeAddr(p.T), AdminToken: adminToken, AdminOperator: "test-api",
+		Admin: config.Admin{AdminAddr: testenv.FreeAddr(), AdminToken: adminToken, AdminOperator: "test-api",
 			AdminReplayRate: 50, AdminScanLimit: 1000, AdminSessionTTL: time.Hour},
-		MetricsAddr: FreeAddr(p.T), Prefetch: 16, ReplayPrefetch: 4, Concurrency: 2, BatchSize: 8,
+		MetricsAddr: testenv.FreeAddr(), Prefetch: 16, ReplayPrefetch: 4, Concurrency: 2, BatchSize: 8,
 		BatchWait: 5 * time.Millisecond, OutageMode: "pause", DBMaxConns: 4, ProcessTimeout: 5 * time.Second,
 		PublishTimeout: 5 * time.Second, ShutdownTimeout: 5 * time.Second, RabbitMQManagementURL: "off",
 		QueueStatsInterval: 15 * time.Second,
@@ -142,29 +141,9 @@ func (p *Pipeline) StartWorker(adminToken string) {
 	}
 }
 
-var client = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-
 func waitHTTP(t testing.TB, url string, want int) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		resp, err := client.Get(url)
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == want
-	}, 20*time.Second, 20*time.Millisecond, "%s never answered %d", url, want)
-}
-
-// FreeAddr returns a 127.0.0.1 address with a port that was free a moment
-// ago.
-func FreeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
+	require.NoError(t, testenv.AwaitHTTP(url, want, 20*time.Second))
 }
 
 // Event returns a Stripe payment event body.
