@@ -17,8 +17,8 @@
 // faults go through TCP proxies (pkg/faultproxy) in front of the real
 // services.
 //
-//	go run ./hack/chaos -events 50000 -dups 3            # make chaos
-//	go run ./hack/chaos -events 500 -dups 3 -short       # part of make test
+//	go run ./hack/chaos -events 50000 -dups 3 -duration 60s -pg-outage 60s -flushall   # make chaos
+//	go run ./hack/chaos -events 500 -dups 3 -duration 8s -pg-outage 10s                # make chaos-short, part of make test
 package main
 
 import (
