@@ -150,6 +150,8 @@ func checkRendering(t *testing.T, r *rendering, apis []string) {
 	checkHelmTest(t, r)
 	checkMonitoring(t, r, apis)
 	checkNotes(t, r)
+	checkAdmin(t, r)
+	checkWebhookSources(t, r)
 }
 
 func checkNamesAndLabels(t *testing.T, r *rendering) {
@@ -360,9 +362,14 @@ func hasNamedPort(tpl *corev1.PodTemplateSpec, name string) bool {
 // externalSecretNames are Secrets the values say the user manages.
 func externalSecretNames(r *rendering) map[string]bool {
 	out := map[string]bool{}
-	for _, k := range []string{"webhook", "externalRabbitmq", "externalRedis", "externalDatabase"} {
+	for _, k := range []string{"webhook", "externalRabbitmq", "externalRedis", "externalDatabase", "admin"} {
 		if n, _ := dig(r.values, k, "existingSecret").(string); n != "" {
 			out[n] = true
+		}
+	}
+	for _, src := range webhookSources(r) {
+		if src.existingSecret != "" {
+			out[src.existingSecret] = true
 		}
 	}
 	if n, _ := dig(r.values, "worker", "autoscaling", "keda", "managementUrlSecret", "name").(string); n != "" {

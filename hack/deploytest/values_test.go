@@ -35,6 +35,34 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		{"invalid duration", map[string]any{"receiver": map[string]any{"config": map[string]any{"publishTimeout": "5 seconds"}}}, []string{"publishTimeout"}},
 		{"invalid autoscaling mode", map[string]any{"worker": map[string]any{"autoscaling": map[string]any{"mode": "vpa"}}}, []string{"mode"}},
 		{"URL-unsafe bundled password", map[string]any{"postgresql": map[string]any{"auth": map[string]any{"password": "p@ss/word"}}}, []string{"password"}},
+		{"unknown key under admin", map[string]any{"admin": map[string]any{"tokn": "0123456789abcdef"}}, []string{"tokn"}},
+		{"admin token shorter than 16", map[string]any{"admin": map[string]any{"enabled": true, "token": "short-token"}}, []string{"token"}},
+		{"admin token with a trailing newline", map[string]any{"admin": map[string]any{"enabled": true, "token": "0123456789abcdef\n"}}, []string{"token"}},
+		{"admin replay rate zero", map[string]any{"admin": map[string]any{"replayRate": 0}}, []string{"replayRate"}},
+		{"admin session TTL not a duration", map[string]any{"admin": map[string]any{"sessionTtl": "8 hours"}}, []string{"sessionTtl"}},
+		{"unknown admin service key", map[string]any{"admin": map[string]any{"service": map[string]any{"type": "LoadBalancer"}}}, []string{"type"}},
+		{"bad webhook source scheme", map[string]any{"webhook": map[string]any{"sources": []any{
+			map[string]any{"name": "shop", "scheme": "hmac", "secrets": []any{"s3cret"}},
+		}}}, []string{"scheme"}},
+		{"webhook source named payment", map[string]any{"webhook": map[string]any{"sources": []any{
+			map[string]any{"name": "payment", "scheme": "stripe", "secrets": []any{"whsec_x"}},
+		}}}, []string{"name"}},
+		{"webhook source name with upper case", map[string]any{"webhook": map[string]any{"sources": []any{
+			map[string]any{"name": "Shop_1", "scheme": "github", "secrets": []any{"s3cret"}},
+		}}}, []string{"name"}},
+		{"unknown key in a webhook source", map[string]any{"webhook": map[string]any{"sources": []any{
+			map[string]any{"name": "shop", "scheme": "github", "secret": "s3cret"},
+		}}}, []string{"secret"}},
+		{"webhook source without secrets", map[string]any{"webhook": map[string]any{"sources": []any{
+			map[string]any{"name": "shop", "scheme": "github"},
+		}}}, []string{"sources"}},
+		{"webhook source secret with a comma", map[string]any{"webhook": map[string]any{"sources": []any{
+			map[string]any{"name": "shop", "scheme": "github", "secrets": []any{"a,b"}},
+		}}}, []string{"secrets"}},
+		{"standard source secret not base64", map[string]any{"webhook": map[string]any{"sources": []any{
+			map[string]any{"name": "shop", "scheme": "standard", "secrets": []any{"whsec_not base64!"}},
+		}}}, []string{"secrets"}},
+		{"adminFrom not a list", map[string]any{"networkPolicy": map[string]any{"adminFrom": "ops"}}, []string{"adminFrom"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -72,6 +100,12 @@ func TestTemplateRejectsInconsistentValues(t *testing.T) {
 			"externalRabbitmq": map[string]any{"url": "amqp://x"},
 			"worker":           map[string]any{"autoscaling": map[string]any{"enabled": true, "mode": "keda", "keda": map[string]any{"protocol": "http"}}},
 		}, []string{apiKEDA}, "managementUrlSecret"},
+		{"admin without a token", map[string]any{"admin": map[string]any{"enabled": true}}, nil, "admin.token"},
+		{"admin on the metrics port", map[string]any{"admin": map[string]any{"enabled": true, "token": "0123456789abcdef", "port": 9091}}, nil, "admin.port must differ"},
+		{"webhook source listed twice", map[string]any{"webhook": map[string]any{"sources": []any{
+			map[string]any{"name": "shop", "scheme": "github", "secrets": []any{"a"}},
+			map[string]any{"name": "shop", "scheme": "standard", "existingSecret": "shop"},
+		}}}, nil, "listed twice"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

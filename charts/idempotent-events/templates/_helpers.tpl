@@ -131,12 +131,68 @@ key: WEBHOOK_SECRETS
 {{- end -}}
 {{- end -}}
 
+{{/*
+Name of a webhook source's secrets variable: WEBHOOK_SECRETS_<NAME>, the name
+in upper case with "-" as "_" (as pkg/config reads it). Call with the source.
+*/}}
+{{- define "idempotent-events.sourceSecretsVar" -}}
+{{- printf "WEBHOOK_SECRETS_%s" (.name | upper | replace "-" "_") -}}
+{{- end -}}
+
+{{/* WEBHOOK_SOURCES: "name:scheme,..." of webhook.sources. */}}
+{{- define "idempotent-events.webhookSources" -}}
+{{- $items := list -}}
+{{- range .Values.webhook.sources -}}
+{{- $items = append $items (printf "%s:%s" .name .scheme) -}}
+{{- end -}}
+{{- join "," $items -}}
+{{- end -}}
+
+{{/*
+Where a webhook source's secrets come from, as a secretKeyRef body: its
+existingSecret (key existingSecretKey, default WEBHOOK_SECRETS_<NAME>), else
+the chart's own Secret. Call with (dict "ctx" $ "source" .).
+*/}}
+{{- define "idempotent-events.sourceSecretRef" -}}
+{{- $var := include "idempotent-events.sourceSecretsVar" .source -}}
+{{- with get .source "existingSecret" -}}
+name: {{ . }}
+key: {{ default $var (get $.source "existingSecretKey") }}
+{{- else -}}
+name: {{ include "idempotent-events.fullname" .ctx }}
+key: {{ $var }}
+{{- end -}}
+{{- end -}}
+
+{{/* True ("true") when some webhook source keeps its secrets in the chart's own Secret. */}}
+{{- define "idempotent-events.sourcesInOwnSecret" -}}
+{{- range .Values.webhook.sources -}}
+{{- if not (get . "existingSecret") -}}
+true
+{{- break -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* ADMIN_TOKEN as a secretKeyRef body: admin.existingSecret, else the chart's own Secret. */}}
+{{- define "idempotent-events.adminTokenSecretRef" -}}
+{{- if .Values.admin.existingSecret -}}
+name: {{ .Values.admin.existingSecret }}
+key: {{ .Values.admin.existingSecretKey }}
+{{- else -}}
+name: {{ include "idempotent-events.fullname" . }}
+key: ADMIN_TOKEN
+{{- end -}}
+{{- end -}}
+
 {{/* True ("true") when the chart's own Secret has at least one key to hold. */}}
 {{- define "idempotent-events.ownSecretNeeded" -}}
 {{- if or (not .Values.webhook.existingSecret)
           (and (not .Values.rabbitmq.enabled) (not .Values.externalRabbitmq.existingSecret))
           (and (not .Values.redis.enabled) (not .Values.externalRedis.existingSecret))
-          (and (not .Values.postgresql.enabled) (not .Values.externalDatabase.existingSecret)) -}}
+          (and (not .Values.postgresql.enabled) (not .Values.externalDatabase.existingSecret))
+          (and .Values.admin.enabled (not .Values.admin.existingSecret))
+          (include "idempotent-events.sourcesInOwnSecret" .) -}}
 true
 {{- end -}}
 {{- end -}}
@@ -233,7 +289,7 @@ rendered files, so a generated secret does not roll pods on every upgrade).
 */}}
 {{- define "idempotent-events.configChecksums" -}}
 checksum/config: {{ list .Values.config .Values.receiver.config .Values.worker.config | toJson | sha256sum }}
-checksum/secret: {{ list .Values.webhook .Values.externalRabbitmq .Values.externalRedis .Values.externalDatabase | toJson | sha256sum }}
+checksum/secret: {{ list .Values.webhook .Values.externalRabbitmq .Values.externalRedis .Values.externalDatabase .Values.admin | toJson | sha256sum }}
 {{- end -}}
 
 {{/*
@@ -250,6 +306,25 @@ maxUnavailable: {{ .maxUnavailable }}
 
 {{/* The checks that values.schema.json cannot express. */}}
 {{- define "idempotent-events.validate" -}}
+{{- $adm := .Values.admin -}}
+{{- if $adm.enabled -}}
+{{- if not (or $adm.token $adm.existingSecret) -}}
+{{- fail "admin.enabled=true needs admin.token (at least 16 characters) or admin.existingSecret (a Secret holding ADMIN_TOKEN); the chart does not generate the admin token" -}}
+{{- end -}}
+{{- if eq (int $adm.port) (int .Values.worker.metricsPort) -}}
+{{- fail "admin.port must differ from worker.metricsPort" -}}
+{{- end -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range .Values.webhook.sources -}}
+{{- if hasKey $seen .name -}}
+{{- fail (printf "webhook.sources: source %q is listed twice" .name) -}}
+{{- end -}}
+{{- $_ := set $seen .name true -}}
+{{- if not (or (get . "secrets") (get . "existingSecret")) -}}
+{{- fail (printf "webhook.sources: source %q needs secrets or existingSecret" .name) -}}
+{{- end -}}
+{{- end -}}
 {{- $a := .Values.worker.autoscaling -}}
 {{- if $a.enabled -}}
 {{- if gt (int $a.minReplicas) (int $a.maxReplicas) -}}
