@@ -44,6 +44,7 @@ import (
 
 type options struct {
 	events, dups, workers, conc int
+	combinedConc                int
 	pgOutage, duration          time.Duration
 	scenarios                   string
 	brokerRestart, flushAll     bool
@@ -55,6 +56,7 @@ func main() {
 	flag.IntVar(&o.dups, "dups", 3, "duplicates of each event (each event is delivered 1+dups times)")
 	flag.IntVar(&o.workers, "workers", 2, "worker processes")
 	flag.IntVar(&o.conc, "concurrency", 48, "concurrent senders")
+	flag.IntVar(&o.combinedConc, "combined-concurrency", 512, "concurrent senders in the combined scenario: under every fault at once most deliveries sit in a sender's retry backoff, so more are in flight, as with a provider")
 	flag.DurationVar(&o.pgOutage, "pg-outage", 60*time.Second, "length of the Postgres outage scenario")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "spread each scenario's deliveries over at least this long, so faults hit them while they flow")
 	flag.StringVar(&o.scenarios, "scenarios", "all", "comma-separated scenarios, or all: "+strings.Join(names(), ","))
@@ -249,7 +251,11 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	for i := range ids {
 		ids[i] = fmt.Sprintf("evt_chaos_%s_%07d", name, i)
 	}
-	accepted, sent := sendAll(ctx, sys, ids, o)
+	so := o
+	if name == "combined" {
+		so.conc = o.combinedConc
+	}
+	accepted, sent := sendAll(ctx, sys, ids, so)
 	close(stopFaults)
 	faults := <-faultsDone
 	// Heal everything, and make sure every process is running.

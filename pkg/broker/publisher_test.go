@@ -197,3 +197,28 @@ func TestFormatDelay(t *testing.T) {
 func viaProxy(amqpURL string, p *faultproxy.Proxy) string {
 	return testenv.ReplaceHost(amqpURL, p.Addr())
 }
+
+// The pipelined declaration also names a queue refused late in the
+// sequence, and a reconnect on an unchanged topology costs no error.
+func TestTopologyConflictOnALaterQueueIsNamed(t *testing.T) {
+	t.Parallel()
+	url := testenv.VHost(t)
+	conn, err := amqp.Dial(url)
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, topo.DeclareOn(conn))
+	other := topo
+	other.RetryDelays = []time.Duration{time.Second, 5 * time.Second}
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	// events.dlq exists with another queue type than the topology says.
+	_, err = ch.QueueDelete(broker.DLQ, false, false, false)
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(broker.DLQ, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum})
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+	err = other.DeclareOn(conn)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "declare queue events.dlq")
+	assert.False(t, conn.IsClosed(), "a refused declaration closes a channel, not the connection")
+}

@@ -49,6 +49,10 @@ func (d Dialer) Dial() (*amqp.Connection, error) {
 	})
 }
 
+// stableConnection is how long a connection must have lived for its loss
+// to restart the backoff from its minimum.
+const stableConnection = time.Second
+
 // ServeFunc uses one connection until it closes or ctx is done. It owns
 // everything it opens on the connection. Returning an error makes Supervise
 // close the connection and reconnect after a backoff.
@@ -86,7 +90,10 @@ func Supervise(ctx context.Context, d Dialer, log *zap.Logger, onState func(conn
 			} else {
 				log.Warn("broker connection closed")
 			}
-			if time.Since(started) > 30*time.Second {
+			if time.Since(started) >= stableConnection {
+				// The broker was reachable and the connection worked: a cut
+				// is not an outage, so reconnect quickly. Only connections
+				// that fail at once keep growing the backoff.
 				wait = minBackoff
 			}
 		}

@@ -80,9 +80,30 @@ func (t Topology) Queues() []string {
 }
 
 // DeclareOn declares the topology on a short-lived channel of conn.
+//
+// Every declaration and binding is sent without waiting for its answer and
+// one passive declaration at the end collects them: one round trip instead
+// of one per queue, which is what makes a reconnect over a slow or flaky
+// link quick. If the broker refused any of them, the topology is declared
+// again step by step on a fresh channel, so the error names the queue.
 func (t Topology) DeclareOn(conn *amqp.Connection) error {
 	ch, err := conn.Channel()
 	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	err = t.declare(ch, true)
+	if err == nil {
+		_, err = ch.QueueDeclarePassive(DLQ, true, false, false, false, nil)
+	}
+	_ = ch.Close()
+	if err == nil {
+		return nil
+	}
+	if conn.IsClosed() {
+		// The connection failed, not a declaration.
+		return fmt.Errorf("declare topology: %w", err)
+	}
+	if ch, err = conn.Channel(); err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
 	defer ch.Close()
@@ -90,10 +111,18 @@ func (t Topology) DeclareOn(conn *amqp.Connection) error {
 }
 
 // Declare creates the topology, or checks it exists with the same
-// arguments. A queue that exists with other arguments (another QUEUE_TYPE,
-// say) is reported by name; RabbitMQ closes ch in that case.
+// arguments, waiting for each answer. A queue that exists with other
+// arguments (another QUEUE_TYPE, say) is reported by name; RabbitMQ closes
+// ch in that case.
 func (t Topology) Declare(ch *amqp.Channel) error {
-	if err := ch.ExchangeDeclare(Exchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+	return t.declare(ch, false)
+}
+
+// declare sends the topology's declarations on ch; with noWait it does not
+// wait for the broker's answers (a refusal then closes ch, and the next
+// synchronous call on ch reports it).
+func (t Topology) declare(ch *amqp.Channel, noWait bool) error {
+	if err := ch.ExchangeDeclare(Exchange, amqp.ExchangeDirect, true, false, false, noWait, nil); err != nil {
 		return fmt.Errorf("declare exchange %s: %w", Exchange, err)
 	}
 	// events.main dead-letters to the DLQ: with quorum queues that is where a
@@ -104,13 +133,13 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	if t.QueueType == QueueQuorum {
 		mainArgs["x-delivery-limit"] = t.DeliveryLimit
 	}
-	if err := declareQueue(ch, MainQueue, mainArgs); err != nil {
+	if err := declareQueue(ch, MainQueue, mainArgs, noWait); err != nil {
 		return err
 	}
-	if err := ch.QueueBind(MainQueue, RoutingKey, Exchange, false, nil); err != nil {
+	if err := ch.QueueBind(MainQueue, RoutingKey, Exchange, noWait, nil); err != nil {
 		return fmt.Errorf("bind %s to %s: %w", MainQueue, Exchange, err)
 	}
-	if err := declareQueue(ch, ReplayQueue, mainArgs); err != nil {
+	if err := declareQueue(ch, ReplayQueue, mainArgs, noWait); err != nil {
 		return err
 	}
 	for _, d := range t.RetryDelays {
@@ -118,7 +147,7 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		args[amqp.QueueMessageTTLArg] = d.Milliseconds()
 		args["x-dead-letter-exchange"] = Exchange
 		args["x-dead-letter-routing-key"] = RoutingKey
-		if err := declareQueue(ch, RetryQueue(d), args); err != nil {
+		if err := declareQueue(ch, RetryQueue(d), args, noWait); err != nil {
 			return err
 		}
 	}
@@ -130,7 +159,7 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		// out of reach explicitly.
 		dlqArgs["x-delivery-limit"] = dlqDeliveryLimit
 	}
-	return declareQueue(ch, DLQ, dlqArgs)
+	return declareQueue(ch, DLQ, dlqArgs, noWait)
 }
 
 // dlqDeliveryLimit is x-delivery-limit of a quorum events.dlq: high enough
@@ -156,8 +185,8 @@ func (t Topology) args(deadLetters bool) amqp.Table {
 	return args
 }
 
-func declareQueue(ch *amqp.Channel, name string, args amqp.Table) error {
-	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
+func declareQueue(ch *amqp.Channel, name string, args amqp.Table, noWait bool) error {
+	if _, err := ch.QueueDeclare(name, true, false, false, noWait, args); err != nil {
 		var aerr *amqp.Error
 		if errors.As(err, &aerr) && aerr.Code == amqp.PreconditionFailed {
 			return fmt.Errorf("declare queue %s: it exists with other arguments (another QUEUE_TYPE or RETRY_DELAYS?): %w", name, err)
