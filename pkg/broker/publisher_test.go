@@ -151,14 +151,10 @@ func TestTopologyDeclareIsIdempotentForBothQueueTypes(t *testing.T) {
 
 func TestTopologyConflictNamesTheQueue(t *testing.T) {
 	t.Parallel()
-	url := testenv.VHost(t)
-	conn, err := amqp.Dial(url)
-	require.NoError(t, err)
-	defer conn.Close()
-	require.NoError(t, topo.DeclareOn(conn))
+	conn := declaredVHost(t)
 	quorum := topo
 	quorum.QueueType = broker.QueueQuorum
-	err = quorum.DeclareOn(conn)
+	err := quorum.DeclareOn(conn)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "events.main")
 	var aerr *amqp.Error
@@ -202,11 +198,7 @@ func viaProxy(amqpURL string, p *faultproxy.Proxy) string {
 // sequence, and a reconnect on an unchanged topology costs no error.
 func TestTopologyConflictOnALaterQueueIsNamed(t *testing.T) {
 	t.Parallel()
-	url := testenv.VHost(t)
-	conn, err := amqp.Dial(url)
-	require.NoError(t, err)
-	defer conn.Close()
-	require.NoError(t, topo.DeclareOn(conn))
+	conn := declaredVHost(t)
 	other := topo
 	other.RetryDelays = []time.Duration{time.Second, 5 * time.Second}
 	ch, err := conn.Channel()
@@ -221,4 +213,14 @@ func TestTopologyConflictOnALaterQueueIsNamed(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "declare queue events.dlq")
 	assert.False(t, conn.IsClosed(), "a refused declaration closes a channel, not the connection")
+}
+
+// declaredVHost connects to a new vhost holding topo.
+func declaredVHost(t *testing.T) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.Dial(testenv.VHost(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	require.NoError(t, topo.DeclareOn(conn))
+	return conn
 }

@@ -65,23 +65,11 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 		"METRICS_ADDR":       "9091",
 		"DEDUPE_TTL":         "0s",
 	}
-	for name, value := range cases {
-		t.Run(name, func(t *testing.T) {
-			cleanEnv(t)
-			t.Setenv(name, value)
-			var c config.Worker
-			requireProblem(t, config.Load(&c), name)
-		})
-	}
+	requireEachNamed(t, cases)
 }
 
 func TestCredentialsAreNotEchoed(t *testing.T) {
-	cleanEnv(t)
-	t.Setenv("AMQP_URL", "ftp://user:s3cret@host/")
-	var c config.Worker
-	err := config.Load(&c)
-	requireProblem(t, err, "AMQP_URL")
-	assert.NotContains(t, err.Error(), "s3cret")
+	requireNotEchoed(t, "AMQP_URL", "ftp://user:s3cret@host/", "s3cret")
 }
 
 // cleanEnv unsets every variable the binaries read, so a developer's
@@ -109,6 +97,32 @@ func init() {
 		ADMIN_ADDR ADMIN_TOKEN ADMIN_OPERATOR ADMIN_REPLAY_RATE ADMIN_DLQ_SCAN_LIMIT ADMIN_SESSION_TTL`) {
 		known[n] = true
 	}
+}
+
+// requireEachNamed loads a worker configuration with each bad value on its
+// own and requires the error to name its variable.
+func requireEachNamed(t *testing.T, cases map[string]string) {
+	t.Helper()
+	for name, value := range cases {
+		t.Run(name, func(t *testing.T) {
+			cleanEnv(t)
+			t.Setenv(name, value)
+			var c config.Worker
+			requireProblem(t, config.Load(&c), name)
+		})
+	}
+}
+
+// requireNotEchoed sets a bad value holding secret and requires the error
+// to name the variable without repeating the secret.
+func requireNotEchoed(t *testing.T, name, value, secret string) {
+	t.Helper()
+	cleanEnv(t)
+	t.Setenv(name, value)
+	var c config.Worker
+	err := config.Load(&c)
+	requireProblem(t, err, name)
+	assert.NotContains(t, err.Error(), secret)
 }
 
 func requireProblem(t *testing.T, err error, variable string) {
