@@ -2,7 +2,9 @@ package worker_test
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,4 +176,28 @@ func (e *env) invariant() {
 func eventually(t *testing.T, cond func() bool, msg string) {
 	t.Helper()
 	require.Eventually(t, cond, 20*time.Second, 10*time.Millisecond, msg)
+}
+
+// lostAnswers is a ledger whose first n commits reach the database but
+// whose answers are lost, as when a connection is cut right after COMMIT.
+type lostAnswers struct {
+	worker.Ledger
+	left atomic.Int32
+}
+
+func (l *lostAnswers) Commit(ctx context.Context, recs []store.Record) ([]bool, error) {
+	isNew, err := l.Ledger.Commit(ctx, recs)
+	if err == nil && l.left.Add(-1) >= 0 {
+		return nil, errors.New("read tcp 127.0.0.1:5432: connection reset by peer")
+	}
+	return isNew, err
+}
+
+// losingAnswers wraps the ledger so that its first n commit answers are lost.
+func losingAnswers(n int32) option {
+	return func(o *worker.Options, _ *env) {
+		l := &lostAnswers{Ledger: o.Ledger}
+		l.left.Store(n)
+		o.Ledger = l
+	}
 }

@@ -181,6 +181,13 @@ func (w *Worker) failed(msgs []*message, err error) error {
 // own so that only the bad one is retried or dead-lettered.
 func (w *Worker) commit(ctx context.Context, msgs []*message, isolate bool) error {
 	isNew, err := w.commitOnce(ctx, msgs)
+	if err != nil && w.stillReachable(ctx, err) {
+		// One connection was lost but Postgres answers: try once more on a
+		// fresh connection before calling it an outage. If the lost answer
+		// was COMMIT's, the rows are there and this run finds them as
+		// duplicates — still one row each.
+		isNew, err = w.commitOnce(ctx, msgs)
+	}
 	if err != nil {
 		if isolate && len(msgs) > 1 && !isTransient(err) {
 			w.log.Warn("batch rejected; committing its messages one by one", zap.Int("size", len(msgs)), zap.Error(err))
@@ -290,6 +297,17 @@ func (w *Worker) commitOnce(ctx context.Context, msgs []*message) (isNew []bool,
 		return nil, err
 	}
 	return isNew, nil
+}
+
+// stillReachable reports whether err looks like an outage while Postgres
+// does answer a ping: a connection cut, not Postgres down.
+func (w *Worker) stillReachable(ctx context.Context, err error) bool {
+	if !store.IsOutage(err) || ctx.Err() != nil {
+		return false
+	}
+	pctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	return w.opts.Ledger.Ping(pctx) == nil
 }
 
 func isTransient(err error) bool {

@@ -174,7 +174,9 @@ func (w *Worker) awaitDependencies(ctx context.Context) bool {
 		if !backoff.Sleep(ctx, backoff.Jitter(wait)) {
 			return false
 		}
-		wait = min(wait*2, 5*time.Second)
+		// A ping a second or two is nothing to a Postgres that is down,
+		// and a short outage is not stretched by a long backoff.
+		wait = min(wait*2, 2*time.Second)
 	}
 }
 

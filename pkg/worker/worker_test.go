@@ -491,3 +491,27 @@ func TestOtherSourcesAreKeyedBySourceAndID(t *testing.T) {
 	assert.Equal(t, 1, ledger)
 	e.invariant()
 }
+
+// A connection lost under a commit while Postgres still answers is not an
+// outage: the batch is tried again at once on a fresh connection, without
+// pausing or a retry tier, and a COMMIT whose answer was lost is found
+// there as already done — one row per event.
+func TestALostCommitAnswerIsRetriedAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic, time.Minute)
+	w := e.start(batched(8, 50*time.Millisecond), losingAnswers(1))
+	for i := range 8 {
+		e.publish(e.event(fmt.Sprintf("evt_lost_answer_%d", i)))
+	}
+	eventually(t, func() bool { return w.outcomes("processed")+w.outcomes("duplicate") >= 8 }, "all settled")
+	w.stop(t)
+	assert.Zero(t, w.count("idempotent_events_worker_dependency_pauses_total"), "no pause for one lost connection")
+	assert.Zero(t, w.outcomes("retried"))
+	for i := range 8 {
+		payments, ledger := e.rows(fmt.Sprintf("evt_lost_answer_%d", i))
+		assert.Equal(t, 1, payments)
+		assert.Equal(t, 1, ledger)
+	}
+	e.invariant()
+	assert.Equal(t, 0, e.broker.Depth(broker.MainQueue))
+}
