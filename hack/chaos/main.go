@@ -45,9 +45,11 @@ import (
 type options struct {
 	events, dups, workers, conc int
 	combinedConc                int
-	pgOutage, duration          time.Duration
-	scenarios                   string
-	brokerRestart, flushAll     bool
+	// pace stretches the intervals between faults (1 in the single scenarios).
+	pace, combinedPace      float64
+	pgOutage, duration      time.Duration
+	scenarios               string
+	brokerRestart, flushAll bool
 }
 
 func main() {
@@ -56,6 +58,7 @@ func main() {
 	flag.IntVar(&o.dups, "dups", 3, "duplicates of each event (each event is delivered 1+dups times)")
 	flag.IntVar(&o.workers, "workers", 2, "worker processes")
 	flag.IntVar(&o.conc, "concurrency", 48, "concurrent senders")
+	flag.Float64Var(&o.combinedPace, "combined-pace", 3, "in the combined scenario each fault source waits this many times longer between faults than in its own scenario (six sources at once)")
 	flag.IntVar(&o.combinedConc, "combined-concurrency", 512, "concurrent senders in the combined scenario: under every fault at once most deliveries sit in a sender's retry backoff, so more are in flight, as with a provider")
 	flag.DurationVar(&o.pgOutage, "pg-outage", 60*time.Second, "length of the Postgres outage scenario")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "spread each scenario's deliveries over at least this long, so faults hit them while they flow")
@@ -245,17 +248,17 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	go sys.sampleRSS(stopRSS)
 	stopFaults := make(chan struct{})
 	faultsDone := make(chan int, 1)
+	o.pace = 1
+	if name == "combined" {
+		o.conc, o.pace = o.combinedConc, o.combinedPace
+	}
 	go func() { faultsDone <- sc(sys, stopFaults, o) }()
 
 	ids := make([]string, o.events)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("evt_chaos_%s_%07d", name, i)
 	}
-	so := o
-	if name == "combined" {
-		so.conc = o.combinedConc
-	}
-	accepted, sent := sendAll(ctx, sys, ids, so)
+	accepted, sent := sendAll(ctx, sys, ids, o)
 	close(stopFaults)
 	faults := <-faultsDone
 	// Heal everything, and make sure every process is running.
@@ -403,9 +406,10 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// every calls f at random intervals in [lo, hi) until stop, returning how
-// many times it ran.
-func every(stop <-chan struct{}, lo, hi time.Duration, f func()) int {
+// every calls f at random intervals in [lo, hi) × pace until stop,
+// returning how many times it ran.
+func every(stop <-chan struct{}, pace float64, lo, hi time.Duration, f func()) int {
+	lo, hi = time.Duration(float64(lo)*pace), time.Duration(float64(hi)*pace)
 	n := 0
 	for {
 		select {
@@ -419,7 +423,7 @@ func every(stop <-chan struct{}, lo, hi time.Duration, f func()) int {
 }
 
 func killWorkers(sys *system, stop <-chan struct{}, o options) int {
-	return every(stop, 300*time.Millisecond, 1500*time.Millisecond, func() {
+	return every(stop, o.pace, 300*time.Millisecond, 1500*time.Millisecond, func() {
 		i := rand.N(len(sys.workers))
 		sys.mu.Lock()
 		w := sys.workers[i]
@@ -431,7 +435,7 @@ func killWorkers(sys *system, stop <-chan struct{}, o options) int {
 }
 
 func killReceiver(sys *system, stop <-chan struct{}, o options) int {
-	return every(stop, 500*time.Millisecond, 2*time.Second, func() {
+	return every(stop, o.pace, 500*time.Millisecond, 2*time.Second, func() {
 		sys.mu.Lock()
 		r := sys.receiver
 		sys.mu.Unlock()
@@ -446,7 +450,7 @@ func redisFaults(sys *system, stop <-chan struct{}, o options) int {
 	check(err)
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
-	return every(stop, 300*time.Millisecond, 1200*time.Millisecond, func() {
+	return every(stop, o.pace, 300*time.Millisecond, 1200*time.Millisecond, func() {
 		if rand.N(2) == 0 {
 			if o.flushAll {
 				check(rdb.FlushAll(context.Background()).Err())
@@ -464,7 +468,7 @@ func redisFaults(sys *system, stop <-chan struct{}, o options) int {
 }
 
 func postgresCuts(sys *system, stop <-chan struct{}, o options) int {
-	return every(stop, 200*time.Millisecond, time.Second, func() {
+	return every(stop, o.pace, 200*time.Millisecond, time.Second, func() {
 		if rand.N(4) == 0 {
 			sys.pg.SetDown(true)
 			time.Sleep(time.Second + rand.N(2*time.Second))
@@ -481,7 +485,7 @@ func rabbitFaults(sys *system, stop <-chan struct{}, o options) int {
 		restartBroker()
 		n++
 	}
-	return n + every(stop, 500*time.Millisecond, 2*time.Second, func() {
+	return n + every(stop, o.pace, 500*time.Millisecond, 2*time.Second, func() {
 		if rand.N(3) == 0 {
 			sys.rabbit.SetDown(true)
 			time.Sleep(500*time.Millisecond + rand.N(time.Second))
@@ -513,7 +517,7 @@ func latency(sys *system, stop <-chan struct{}, o options) int {
 	for _, p := range []*faultproxy.Proxy{sys.pg, sys.redis, sys.rabbit} {
 		p.SetLatency(5 * time.Millisecond)
 	}
-	n := every(stop, 500*time.Millisecond, 1500*time.Millisecond, func() {
+	n := every(stop, o.pace, 500*time.Millisecond, 1500*time.Millisecond, func() {
 		p := []*faultproxy.Proxy{sys.pg, sys.redis, sys.rabbit}[rand.N(3)]
 		p.SetLatency(time.Duration(rand.N(40)+1) * time.Millisecond)
 	})
