@@ -126,6 +126,7 @@ type figures struct {
 	worker, workerUnique, workerRSS               float64
 	seed, oursSmall                               float64
 	e2eP50, e2eP99, e2eHTTPP99, e2eAchieved, e2eN float64
+	e2eOffered                                    float64
 	e2eReceiverRSS, e2eWorkerRSS                  float64
 }
 
@@ -153,7 +154,7 @@ func (f figures) print(title string) {
 	fmt.Printf("  peak RSS                             %9.1f MiB\n", f.workerRSS)
 	fmt.Printf("worker, seed configuration (prefetch 1, batch 1, concurrency 1)\n")
 	fmt.Printf("  deliveries/s                         %9.0f        (ours on the same workload: %.0f/s; ours/seed %s, target >= 10)\n", f.seed, f.oursSmall, ratio(f.oursSmall, f.seed))
-	fmt.Printf("end to end at %0.f events/s offered (%.0f achieved, %.0f events)\n", f.e2eAchieved, f.e2eAchieved, f.e2eN)
+	fmt.Printf("end to end at %.0f events/s offered (%.0f achieved, %.0f events)\n", f.e2eOffered, f.e2eAchieved, f.e2eN)
 	fmt.Printf("  received -> committed p50 / p99      %9.1f / %.1f ms (target p99 < 100 ms)\n", f.e2eP50, f.e2eP99)
 	fmt.Printf("  HTTP answer p99                      %9.1f ms\n", f.e2eHTTPP99)
 	fmt.Printf("  peak RSS receiver / worker           %9.1f / %.1f MiB (target < 100 each)\n", f.e2eReceiverRSS, f.e2eWorkerRSS)
@@ -164,7 +165,7 @@ func median(all []figures) figures {
 	fields := func(f *figures) []*float64 {
 		return []*float64{&f.rawPublish, &f.rawConsume, &f.pgOne, &f.pgBatch, &f.receiverRPS, &f.receiverP50, &f.receiverP99,
 			&f.receiverRSS, &f.worker, &f.workerUnique, &f.workerRSS, &f.seed, &f.oursSmall, &f.e2eP50, &f.e2eP99,
-			&f.e2eHTTPP99, &f.e2eAchieved, &f.e2eN, &f.e2eReceiverRSS, &f.e2eWorkerRSS}
+			&f.e2eHTTPP99, &f.e2eAchieved, &f.e2eN, &f.e2eReceiverRSS, &f.e2eWorkerRSS, &f.e2eOffered}
 	}
 	dst := fields(&out)
 	for i := range dst {
@@ -208,6 +209,7 @@ func run(ctx context.Context, binDir string, o options) figures {
 	f.oursSmall = workerOnly(ctx, binDir, o.seedEvents, o.dups, splitEnv(o.workerEnv)...)
 	fmt.Printf("worker on %d deliveries: seed config %.0f/s, ours %.0f/s\n", o.seedEvents*(1+o.dups), f.seed, f.oursSmall)
 	f.e2eP50, f.e2eP99, f.e2eHTTPP99, f.e2eAchieved, f.e2eN, f.e2eReceiverRSS, f.e2eWorkerRSS = endToEnd(ctx, binDir, o)
+	f.e2eOffered = float64(o.rate)
 	return f
 }
 
