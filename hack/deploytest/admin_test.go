@@ -392,12 +392,7 @@ func TestAdminAndSourcesScenario(t *testing.T) {
 	}
 	wo := r.mustFind(t, "Deployment", fullname+"-worker")
 	wc := container(t, wo, &wo.obj.(*appsv1.Deployment).Spec.Template.Spec, "worker")
-	te, _ := env(wc, "ADMIN_TOKEN")
-	if te.ValueFrom == nil || te.ValueFrom.SecretKeyRef == nil || *te.ValueFrom.SecretKeyRef != (corev1.SecretKeySelector{
-		LocalObjectReference: corev1.LocalObjectReference{Name: fullname}, Key: "ADMIN_TOKEN",
-	}) {
-		t.Errorf("ADMIN_TOKEN: %+v, want secretKeyRef %s/ADMIN_TOKEN", te, fullname)
-	}
+	checkSecretRef(t, wc, "ADMIN_TOKEN", fullname, "ADMIN_TOKEN")
 	for k, v := range map[string]string{"ADMIN_ADDR": ":9092", "ADMIN_OPERATOR": "oncall", "ADMIN_REPLAY_RATE": "5", "ADMIN_DLQ_SCAN_LIMIT": "5000", "ADMIN_SESSION_TTL": "2h"} {
 		if e, _ := env(wc, k); e.Value != v {
 			t.Errorf("%s = %q, want %q", k, e.Value, v)
@@ -459,10 +454,7 @@ func TestAdminAndSourcesScenario(t *testing.T) {
 		{"WEBHOOK_SECRETS_GITHUB_APP", "github-webhook", "secret", ""},
 		{"WEBHOOK_SECRETS_STRIPE_CONNECT", fullname, "WEBHOOK_SECRETS_STRIPE_CONNECT", "whsec_not_a_real_secret_new,whsec_not_a_real_secret_old"},
 	} {
-		e, ok := env(rc, c.env)
-		if !ok || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Name != c.secret || e.ValueFrom.SecretKeyRef.Key != c.key {
-			t.Errorf("%s: %+v, want secretKeyRef %s/%s", c.env, e, c.secret, c.key)
-		}
+		checkSecretRef(t, rc, c.env, c.secret, c.key)
 		if c.value != "" && sec.StringData[c.key] != c.value {
 			t.Errorf("chart Secret %s = %q, want %q", c.key, sec.StringData[c.key], c.value)
 		}
@@ -500,10 +492,7 @@ func TestAdminTokenFromExistingSecret(t *testing.T) {
 	}
 	wo := r.mustFind(t, "Deployment", fullname+"-worker")
 	wc := container(t, wo, &wo.obj.(*appsv1.Deployment).Spec.Template.Spec, "worker")
-	te, _ := env(wc, "ADMIN_TOKEN")
-	if te.ValueFrom == nil || te.ValueFrom.SecretKeyRef == nil || te.ValueFrom.SecretKeyRef.Name != "dlq-admin" || te.ValueFrom.SecretKeyRef.Key != "token" {
-		t.Errorf("ADMIN_TOKEN: %+v, want secretKeyRef dlq-admin/token", te)
-	}
+	checkSecretRef(t, wc, "ADMIN_TOKEN", "dlq-admin", "token")
 	if _, ok := r.mustFind(t, "Secret", fullname).obj.(*corev1.Secret).StringData["ADMIN_TOKEN"]; ok {
 		t.Error("chart Secret holds ADMIN_TOKEN though admin.existingSecret is set")
 	}
@@ -541,10 +530,7 @@ func TestWebhookSourceExistingSecretDefaultKey(t *testing.T) {
 	}
 	ro := r.mustFind(t, "Deployment", fullname+"-receiver")
 	rc := container(t, ro, &ro.obj.(*appsv1.Deployment).Spec.Template.Spec, "receiver")
-	e, _ := env(rc, "WEBHOOK_SECRETS_ACME_BILLING")
-	if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Name != "acme" || e.ValueFrom.SecretKeyRef.Key != "WEBHOOK_SECRETS_ACME_BILLING" {
-		t.Errorf("WEBHOOK_SECRETS_ACME_BILLING: %+v", e)
-	}
+	checkSecretRef(t, rc, "WEBHOOK_SECRETS_ACME_BILLING", "acme", "WEBHOOK_SECRETS_ACME_BILLING")
 	if e, _ := env(rc, "WEBHOOK_SOURCES"); e.Value != "acme-billing:standard" {
 		t.Errorf("WEBHOOK_SOURCES = %q", e.Value)
 	}

@@ -466,6 +466,17 @@ func env(c corev1.Container, name string) (corev1.EnvVar, bool) {
 	return corev1.EnvVar{}, false
 }
 
+// checkSecretRef reports an error unless the container's variable name is
+// set from key of Secret secret (and nothing else).
+func checkSecretRef(t *testing.T, c corev1.Container, name, secret, key string) {
+	t.Helper()
+	e, ok := env(c, name)
+	if !ok || e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil ||
+		e.ValueFrom.SecretKeyRef.Name != secret || e.ValueFrom.SecretKeyRef.Key != key {
+		t.Errorf("%s: %+v, want secretKeyRef %s/%s", name, e, secret, key)
+	}
+}
+
 func container(t *testing.T, o object, spec *corev1.PodSpec, name string) corev1.Container {
 	t.Helper()
 	for _, c := range spec.Containers {
