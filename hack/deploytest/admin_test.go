@@ -522,9 +522,7 @@ func TestAdminPortClosedWithoutPeers(t *testing.T) {
 // TestWebhookSourceExistingSecretDefaultKey: without existingSecretKey the
 // key is the variable's name.
 func TestWebhookSourceExistingSecretDefaultKey(t *testing.T) {
-	r, err := renderChart(renderOpts{set: map[string]any{"webhook": map[string]any{"sources": []any{
-		map[string]any{"name": "acme-billing", "scheme": "standard", "existingSecret": "acme"},
-	}}}})
+	r, err := renderChart(renderOpts{set: withSources(map[string]any{"name": "acme-billing", "scheme": "standard", "existingSecret": "acme"})})
 	if err != nil {
 		t.Fatal(err)
 	}

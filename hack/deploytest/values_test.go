@@ -41,27 +41,13 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		{"admin replay rate zero", map[string]any{"admin": map[string]any{"replayRate": 0}}, []string{"replayRate"}},
 		{"admin session TTL not a duration", map[string]any{"admin": map[string]any{"sessionTtl": "8 hours"}}, []string{"sessionTtl"}},
 		{"unknown admin service key", map[string]any{"admin": map[string]any{"service": map[string]any{"type": "LoadBalancer"}}}, []string{"type"}},
-		{"bad webhook source scheme", map[string]any{"webhook": map[string]any{"sources": []any{
-			map[string]any{"name": "shop", "scheme": "hmac", "secrets": []any{"s3cret"}},
-		}}}, []string{"scheme"}},
-		{"webhook source named payment", map[string]any{"webhook": map[string]any{"sources": []any{
-			map[string]any{"name": "payment", "scheme": "stripe", "secrets": []any{"whsec_x"}},
-		}}}, []string{"name"}},
-		{"webhook source name with upper case", map[string]any{"webhook": map[string]any{"sources": []any{
-			map[string]any{"name": "Shop_1", "scheme": "github", "secrets": []any{"s3cret"}},
-		}}}, []string{"name"}},
-		{"unknown key in a webhook source", map[string]any{"webhook": map[string]any{"sources": []any{
-			map[string]any{"name": "shop", "scheme": "github", "secret": "s3cret"},
-		}}}, []string{"secret"}},
-		{"webhook source without secrets", map[string]any{"webhook": map[string]any{"sources": []any{
-			map[string]any{"name": "shop", "scheme": "github"},
-		}}}, []string{"sources"}},
-		{"webhook source secret with a comma", map[string]any{"webhook": map[string]any{"sources": []any{
-			map[string]any{"name": "shop", "scheme": "github", "secrets": []any{"a,b"}},
-		}}}, []string{"secrets"}},
-		{"standard source secret not base64", map[string]any{"webhook": map[string]any{"sources": []any{
-			map[string]any{"name": "shop", "scheme": "standard", "secrets": []any{"whsec_not base64!"}},
-		}}}, []string{"secrets"}},
+		{"bad webhook source scheme", withSources(map[string]any{"name": "shop", "scheme": "hmac", "secrets": []any{"s3cret"}}), []string{"scheme"}},
+		{"webhook source named payment", withSources(map[string]any{"name": "payment", "scheme": "stripe", "secrets": []any{"whsec_x"}}), []string{"name"}},
+		{"webhook source name with upper case", withSources(map[string]any{"name": "Shop_1", "scheme": "github", "secrets": []any{"s3cret"}}), []string{"name"}},
+		{"unknown key in a webhook source", withSources(map[string]any{"name": "shop", "scheme": "github", "secret": "s3cret"}), []string{"secret"}},
+		{"webhook source without secrets", withSources(map[string]any{"name": "shop", "scheme": "github"}), []string{"sources"}},
+		{"webhook source secret with a comma", withSources(map[string]any{"name": "shop", "scheme": "github", "secrets": []any{"a,b"}}), []string{"secrets"}},
+		{"standard source secret not base64", withSources(map[string]any{"name": "shop", "scheme": "standard", "secrets": []any{"whsec_not base64!"}}), []string{"secrets"}},
 		{"adminFrom not a list", map[string]any{"networkPolicy": map[string]any{"adminFrom": "ops"}}, []string{"adminFrom"}},
 	}
 	for _, c := range cases {
@@ -102,10 +88,10 @@ func TestTemplateRejectsInconsistentValues(t *testing.T) {
 		}, []string{apiKEDA}, "managementUrlSecret"},
 		{"admin without a token", map[string]any{"admin": map[string]any{"enabled": true}}, nil, "admin.token"},
 		{"admin on the metrics port", map[string]any{"admin": map[string]any{"enabled": true, "token": "0123456789abcdef", "port": 9091}}, nil, "admin.port must differ"},
-		{"webhook source listed twice", map[string]any{"webhook": map[string]any{"sources": []any{
+		{"webhook source listed twice", withSources(
 			map[string]any{"name": "shop", "scheme": "github", "secrets": []any{"a"}},
 			map[string]any{"name": "shop", "scheme": "standard", "existingSecret": "shop"},
-		}}}, nil, "listed twice"},
+		), nil, "listed twice"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -298,4 +284,13 @@ func insideValue(lines []string, i, indent int) bool {
 		}
 	}
 	return false
+}
+
+// withSources is the values that configure the given webhook.sources.
+func withSources(sources ...map[string]any) map[string]any {
+	list := make([]any, len(sources))
+	for i, src := range sources {
+		list[i] = src
+	}
+	return map[string]any{"webhook": map[string]any{"sources": list}}
 }
