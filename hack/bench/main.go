@@ -28,6 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -40,6 +41,7 @@ import (
 
 type options struct {
 	events, dups, conc, seedEvents, runs int
+	rawMessages                          int
 	rate                                 int
 	rateFor                              time.Duration
 	workerEnv, receiverEnv               string
@@ -53,6 +55,7 @@ func main() {
 	flag.IntVar(&o.conc, "concurrency", 128, "concurrent HTTP clients against the receiver")
 	flag.IntVar(&o.seedEvents, "seed-events", 10_000, "unique events for the seed-configuration comparison (each sent 1+dups times)")
 	flag.IntVar(&o.runs, "runs", 3, "runs; figures are medians over runs")
+	flag.IntVar(&o.rawMessages, "raw-messages", 0, "messages of the raw broker limits (default: as many as the main workload delivers)")
 	flag.IntVar(&o.rate, "rate", 1000, "offered events/s for the end-to-end latency phase")
 	flag.DurationVar(&o.rateFor, "rate-duration", 20*time.Second, "length of the end-to-end latency phase")
 	flag.StringVar(&o.workerEnv, "worker-env", "", "extra worker settings for our configuration, e.g. WORKER_BATCH_SIZE=128,WORKER_PREFETCH=512")
@@ -60,6 +63,9 @@ func main() {
 	flag.StringVar(&o.only, "only", "", "run only one phase: raw, main, seed, e2e (for profiling; prints that phase's lines)")
 	flag.StringVar(&o.profileDir, "profile", "", "write 10 s CPU profiles of the receiver and the worker under load to this directory")
 	flag.Parse()
+	if o.rawMessages <= 0 {
+		o.rawMessages = o.events * (1 + o.dups)
+	}
 	if o.profileDir != "" {
 		check(os.MkdirAll(o.profileDir, 0o755))
 		o.receiverEnv = strings.Trim(o.receiverEnv+",METRICS_PPROF=true", ",")
@@ -196,7 +202,7 @@ func run(ctx context.Context, binDir string, o options) figures {
 		endToEnd(ctx, binDir, o)
 		return f
 	}
-	f.rawPublish, f.rawConsume = rawBroker(ctx, binDir, 50_000)
+	f.rawPublish, f.rawConsume = rawBroker(ctx, binDir, o.rawMessages)
 	f.pgOne, f.pgBatch = rawPostgres(ctx, binDir)
 	if o.only == "raw" {
 		fmt.Printf("raw: publish %.0f/s, consume %.0f/s, pg one-per-tx %.0f rows/s, pg batched %.0f rows/s\n", f.rawPublish, f.rawConsume, f.pgOne, f.pgBatch)
@@ -228,7 +234,8 @@ func newStack(ctx context.Context, binDir string) *harness.Stack {
 
 // rawBroker publishes n messages shaped like the receiver's (same body
 // size, properties and headers) with publisher confirms, 256 in flight on
-// one channel, then consumes them with the worker's prefetch (1024) and a
+// one channel, into a queue that grows as long as the main workload's
+// (a classic queue publishes slower as it grows), then consumes them with the worker's prefetch (1024) and a
 // multiple ack every 128 deliveries (the worker's batch size).
 func rawBroker(ctx context.Context, binDir string, n int) (publish, consume float64) {
 	s := newStack(ctx, binDir)
@@ -242,24 +249,33 @@ func rawBroker(ctx context.Context, binDir string, n int) (publish, consume floa
 	check(err)
 	check(ch.Confirm(false))
 	body := harness.Body("evt_raw_benchmark_body_00000000")
+	ev, err := event.Decode(body)
+	check(err)
 	window := make(chan *amqp.DeferredConfirmation, 256)
 	var failed atomic.Int64
 	done := make(chan struct{})
+	const short = 50_000
+	var shortDone time.Time // when the first 50,000 were confirmed
 	go func() {
 		defer close(done)
+		confirmed := 0
 		for dc := range window {
 			if ok, _ := dc.WaitContext(ctx); !ok {
 				failed.Add(1)
 			}
+			if confirmed++; confirmed == short {
+				shortDone = time.Now()
+			}
 		}
 	}()
+	cpu := harness.ReadCPU("bench")
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		// The same properties and headers as the receiver's messages.
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", "bench.raw", true, false, amqp.Publishing{
 			DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: body, MessageId: "evt_raw_benchmark_body_00000000",
 			Type: "payment_intent.succeeded", Timestamp: time.Now(), CorrelationId: strconv.FormatInt(int64(i), 36),
-			Headers: amqp.Table{broker.HeaderSource: "stripe", broker.HeaderReceivedAt: time.Now().UnixMilli()},
+			Headers: amqp.Table{broker.HeaderSource: "stripe", broker.HeaderDigest: ev.DigestHex(), broker.HeaderReceivedAt: time.Now().UnixMilli()},
 		})
 		check(err)
 		window <- dc
@@ -270,6 +286,11 @@ func rawBroker(ctx context.Context, binDir string, n int) (publish, consume floa
 	if failed.Load() > 0 {
 		check(fmt.Errorf("raw publish: %d nacks", failed.Load()))
 	}
+	fmt.Printf("raw publish: %d messages at %.0f/s", n, publish)
+	if n > short {
+		fmt.Printf(" (the first %d, while the queue was short: %.0f/s)", short, short/shortDone.Sub(start).Seconds())
+	}
+	fmt.Printf("\n  cores: %s\n", harness.ReadCPU("bench").Since(cpu))
 
 	cch, err := conn.Channel()
 	check(err)
@@ -277,6 +298,7 @@ func rawBroker(ctx context.Context, binDir string, n int) (publish, consume floa
 	check(cch.Qos(1024, 0, false))
 	deliveries, err := cch.Consume("bench.raw", "", false, false, false, false, nil)
 	check(err)
+	cpu = harness.ReadCPU("bench")
 	start = time.Now()
 	for i := 1; i <= n; i++ {
 		d := <-deliveries
@@ -285,6 +307,7 @@ func rawBroker(ctx context.Context, binDir string, n int) (publish, consume floa
 		}
 	}
 	consume = float64(n) / time.Since(start).Seconds()
+	fmt.Printf("raw consume: %d messages at %.0f/s\n  cores: %s\n", n, consume, harness.ReadCPU("bench").Since(cpu))
 	return publish, consume
 }
 
@@ -363,9 +386,9 @@ func deliveries(ids []string, dups int) []string {
 	return out
 }
 
-// send posts every body with conc clients and returns the answers' codes
-// and latencies.
-func send(ctx context.Context, sender *harness.Sender, bodies [][]byte, conc int) (codes map[int]int, lat []time.Duration, elapsed time.Duration) {
+// send posts every body over conc connections, one request at a time on
+// each, and returns the answers' codes and latencies.
+func send(sender *harness.Sender, bodies [][]byte, conc int) (codes map[int]int, lat []time.Duration, elapsed time.Duration) {
 	lat = make([]time.Duration, len(bodies))
 	code := make([]int, len(bodies))
 	var next atomic.Int64
@@ -373,12 +396,14 @@ func send(ctx context.Context, sender *harness.Sender, bodies [][]byte, conc int
 	start := time.Now()
 	for c := 0; c < conc; c++ {
 		wg.Go(func() {
+			conn := sender.Conn()
+			defer conn.Close()
 			for {
 				i := next.Add(1) - 1
 				if i >= int64(len(bodies)) {
 					return
 				}
-				code[i], lat[i] = sender.Send(ctx, bodies[i])
+				code[i], lat[i] = conn.Send(bodies[i])
 			}
 		})
 	}
@@ -421,13 +446,15 @@ func mainWorkload(ctx context.Context, binDir string, o options) (rps, p50, p99,
 		bodies[i] = harness.Body(id)
 	}
 	sender := harness.NewSender("http://"+httpAddr, "whsec_bench", o.conc)
-	codes, lat, elapsed := send(ctx, sender, bodies, o.conc)
+	cpu := harness.ReadCPU("bench")
+	codes, lat, elapsed := send(sender, bodies, o.conc)
+	cores := harness.ReadCPU("bench").Since(cpu)
 	rps = float64(len(bodies)) / elapsed.Seconds()
 	p50, p99 = percentile(lat, .50), percentile(lat, .99)
 	_, peak := rcv.RSS()
 	rRSS = mib(peak)
-	fmt.Printf("receiver: %d requests in %s = %.0f/s, p50 %.1f ms, p99 %.1f ms, answers %v, peak RSS %.1f MiB\n",
-		len(bodies), elapsed.Round(time.Millisecond), rps, p50, p99, codes, rRSS)
+	fmt.Printf("receiver: %d requests in %s = %.0f/s, p50 %.1f ms, p99 %.1f ms, answers %v, peak RSS %.1f MiB\n  cores: %s\n",
+		len(bodies), elapsed.Round(time.Millisecond), rps, p50, p99, codes, rRSS, cores)
 	if codes[202]+codes[200] != len(bodies) {
 		check(fmt.Errorf("receiver answered %v: not every request was accepted", codes))
 	}
@@ -438,15 +465,24 @@ func mainWorkload(ctx context.Context, binDir string, o options) (rps, p50, p99,
 	return rps, p50, p99, rRSS, wRate, wUnique, wRSS
 }
 
-// drainWith starts a worker with env and waits until the ledger holds
-// unique events and the queue is empty; it returns deliveries/s, unique
-// events/s and the worker's peak RSS.
+// drainWith starts a worker with env and times it until it has settled
+// every delivery, then checks that the ledger holds unique events, none
+// twice, and the queue is empty; it returns deliveries/s, unique events/s
+// and the worker's peak RSS.
+//
+// The clock is stopped by what costs the cores it shares with the worker
+// least: the queue's ready count until it is zero, then the worker's own
+// settled count, which it reaches a prefetch later. Polling the ledger
+// instead (counting and grouping its rows every few milliseconds) cost
+// Postgres more CPU than the worker's writes, and scraping the worker all
+// along cost it several percent of a core.
 func drainWith(ctx context.Context, s *harness.Stack, delivered, unique int, env ...string) (rate, uniqueRate, rss float64) {
 	conn, err := amqp.Dial(s.AMQPURL)
 	check(err)
 	defer conn.Close()
 	ch, err := conn.Channel()
 	check(err)
+	cpu := harness.ReadCPU("bench")
 	start := time.Now()
 	metricsAddr := harness.FreeAddr()
 	w, err := s.Start("worker", "worker", s.Env(append([]string{"METRICS_ADDR=" + metricsAddr}, env...)...))
@@ -456,38 +492,66 @@ func drainWith(ctx context.Context, s *harness.Stack, delivered, unique int, env
 		profiled := profile("worker", metricsAddr)
 		defer func() { <-profiled }()
 	}
-	for {
-		l, err := s.ReadLedger(ctx)
-		check(err)
-		q, err := ch.QueueDeclarePassive(broker.MainQueue, true, false, false, false, nil)
-		check(err)
-		if l.Payments == unique && q.Messages == 0 {
-			if l.Doubled != 0 {
-				check(fmt.Errorf("ledger has %d doubled event ids", l.Doubled))
-			}
+	for emptied := false; ; time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 30*time.Minute {
+			check(fmt.Errorf("worker did not finish in 30 minutes\nworker log:\n%s", w.Log()))
+		}
+		if !emptied {
+			q, err := ch.QueueDeclarePassive(broker.MainQueue, true, false, false, false, nil)
+			check(err)
+			emptied = q.Messages == 0
+			continue
+		}
+		if mfs, err := scrape(metricsAddr); err == nil && int(sum(mfs, "idempotent_events_worker_events_total")) >= delivered {
 			break
 		}
-		if time.Since(start) > 30*time.Minute {
-			check(fmt.Errorf("worker did not finish: %+v, %d queued\nworker log:\n%s", l, q.Messages, w.Log()))
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	elapsed := time.Since(start).Seconds()
+	cores := harness.ReadCPU("bench").Since(cpu)
 	_, peak := w.RSS()
+	checkDrained(ctx, s, ch, unique)
 	printWorkerShape(metricsAddr)
+	fmt.Printf("  cores: %s\n", cores)
 	return float64(delivered) / elapsed, float64(unique) / elapsed, mib(peak)
+}
+
+// checkDrained fails the run unless the ledger holds unique events, none
+// twice, and nothing is left in events.main.
+func checkDrained(ctx context.Context, s *harness.Stack, ch *amqp.Channel, unique int) {
+	q, err := ch.QueueDeclarePassive(broker.MainQueue, true, false, false, false, nil)
+	check(err)
+	l, err := s.ReadLedger(ctx)
+	check(err)
+	if l.Payments != unique || l.Processed != unique || l.Doubled != 0 || q.Messages != 0 {
+		check(fmt.Errorf("after the worker settled every delivery: ledger %+v (want %d events, none doubled), %d left in %s",
+			l, unique, q.Messages, broker.MainQueue))
+	}
+}
+
+// scrape reads the metric families a process serves on metricsAddr.
+func scrape(metricsAddr string) (map[string]*dto.MetricFamily, error) {
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	return parser.TextToMetricFamilies(resp.Body)
+}
+
+// sum adds up every series of the counter name.
+func sum(mfs map[string]*dto.MetricFamily, name string) float64 {
+	var total float64
+	for _, m := range mfs[name].GetMetric() {
+		total += m.GetCounter().GetValue()
+	}
+	return total
 }
 
 // printWorkerShape prints the mean batch size, batch time and transaction
 // time the worker reports, which explain its throughput.
 func printWorkerShape(metricsAddr string) {
-	resp, err := http.Get("http://" + metricsAddr + "/metrics")
-	if err != nil {
-		return
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	mfs, err := scrape(metricsAddr)
 	if err != nil {
 		return
 	}
@@ -509,8 +573,9 @@ func printWorkerShape(metricsAddr string) {
 		batches, size, 1000*batchTime, txs, 1000*txTime)
 }
 
-// workerOnly publishes unique×(1+dups) events straight to the exchange, then
-// times a worker started with env draining them.
+// workerOnly publishes unique×(1+dups) events straight to the exchange, as
+// the receiver publishes them, then times a worker started with env
+// draining them.
 func workerOnly(ctx context.Context, binDir string, unique, dups int, env ...string) float64 {
 	s := newStack(ctx, binDir)
 	defer s.Close()
@@ -531,9 +596,12 @@ func workerOnly(ctx context.Context, binDir string, unique, dups int, env ...str
 				if i >= int64(len(list)) {
 					return
 				}
+				body := harness.Body(list[i])
+				ev, err := event.Decode(body)
+				check(err)
 				check(cc.Publish(ctx, broker.Exchange, broker.RoutingKey, amqp.Publishing{
-					ContentType: "application/json", MessageId: list[i], Timestamp: time.Now(), Body: harness.Body(list[i]),
-					Headers: amqp.Table{broker.HeaderSource: "stripe", broker.HeaderReceivedAt: time.Now().UnixMilli()},
+					ContentType: "application/json", MessageId: list[i], Timestamp: time.Now(), Body: body,
+					Headers: amqp.Table{broker.HeaderSource: "stripe", broker.HeaderDigest: ev.DigestHex(), broker.HeaderReceivedAt: time.Now().UnixMilli()},
 				}))
 			}
 		})

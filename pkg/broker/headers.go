@@ -6,7 +6,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Message headers of the pipeline. The receiver sets the first two; the
+// Message headers of the pipeline. The receiver sets the first ones; the
 // worker maintains the rest on retry and DLQ copies. They are documented in
 // README, since operators read them on messages in the DLQ.
 const (
@@ -20,6 +20,11 @@ const (
 	// type for schemes that send them in headers (Standard Webhooks, GitHub).
 	HeaderEventID   = "x-ie-event-id"
 	HeaderEventType = "x-ie-event-type"
+	// HeaderDigest is the event's content digest (hex SHA-256, as the
+	// ledger and Redis hold it), set by the receiver beside MessageId, the
+	// dedupe key. With the two the worker recognises a duplicate in Redis
+	// without decoding the body; every other message is decoded first.
+	HeaderDigest = "x-ie-digest"
 	// HeaderReceivedAt is when the receiver accepted the event, in unix
 	// milliseconds; end-to-end latency is measured from it.
 	HeaderReceivedAt = "x-ie-received-at"

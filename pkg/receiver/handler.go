@@ -211,11 +211,12 @@ func (h *Handler) webhook(w http.ResponseWriter, r *http.Request, src Source) {
 	}
 	providerID, key := ev.ID, event.Key(src.Name, ev.ID)
 
+	digest := ev.DigestHex()
 	conflict := false
 	if h.opts.Duplicates != nil {
 		switch stored := h.committedDigest(r.Context(), key); {
 		case stored == "":
-		case stored == ev.DigestHex():
+		case stored == digest:
 			h.respond(w, src, http.StatusOK, answer{Status: "duplicate", EventID: providerID})
 			return
 		default:
@@ -234,6 +235,7 @@ func (h *Handler) webhook(w http.ResponseWriter, r *http.Request, src Source) {
 		Body:        body,
 		Headers: amqp.Table{
 			broker.HeaderSource:     src.Name,
+			broker.HeaderDigest:     digest,
 			broker.HeaderReceivedAt: now.UnixMilli(),
 		},
 	}

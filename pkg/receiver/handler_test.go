@@ -194,6 +194,9 @@ func TestAcceptedEventIsConfirmedAndQueuedWithItsHeaders(t *testing.T) {
 	assert.Equal(t, "payment_intent.succeeded", d.Type)
 	assert.Equal(t, amqp.Persistent, d.DeliveryMode)
 	assert.Equal(t, "stripe", d.Headers[broker.HeaderSource])
+	ev, err := event.Decode(body)
+	require.NoError(t, err)
+	assert.Equal(t, ev.DigestHex(), d.Headers[broker.HeaderDigest], "the content digest travels with the message")
 	assert.WithinDuration(t, before, broker.ReceivedAt(d.Headers), 5*time.Second)
 }
 

@@ -70,14 +70,25 @@ func (b *Broker) PublishTo(queue string, body []byte) {
 	b.publish("", queue, body, nil)
 }
 
-// PublishEvent publishes body as the receiver would (main_exchange, routing
-// key events), with extra headers, and waits for the broker's confirm.
+// PublishEvent publishes body to main_exchange with routing key events,
+// with extra headers but no MessageId, and waits for the broker's confirm.
 func (b *Broker) PublishEvent(body []byte, headers amqp.Table) {
 	b.t.Helper()
 	b.publish(broker.Exchange, broker.RoutingKey, body, headers)
 }
 
+// PublishEventWithID is PublishEvent with a MessageId.
+func (b *Broker) PublishEventWithID(body []byte, messageID string, headers amqp.Table) {
+	b.t.Helper()
+	b.publishID(broker.Exchange, broker.RoutingKey, body, messageID, headers)
+}
+
 func (b *Broker) publish(exchange, key string, body []byte, headers amqp.Table) {
+	b.t.Helper()
+	b.publishID(exchange, key, body, "", headers)
+}
+
+func (b *Broker) publishID(exchange, key string, body []byte, messageID string, headers amqp.Table) {
 	b.t.Helper()
 	ch, err := broker.OpenConfirmChannel(b.conn)
 	require.NoError(b.t, err)
@@ -89,6 +100,6 @@ func (b *Broker) publish(exchange, key string, body []byte, headers amqp.Table) 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(b.t, ch.Publish(ctx, exchange, key, amqp.Publishing{
-		ContentType: "application/json", Body: body, Headers: h, Timestamp: time.Now(),
+		ContentType: "application/json", MessageId: messageID, Body: body, Headers: h, Timestamp: time.Now(),
 	}))
 }

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/ctl"
 	"github.com/idempotent-events/idempotent-events/pkg/dedupe"
+	"github.com/idempotent-events/idempotent-events/pkg/event"
 	"github.com/idempotent-events/idempotent-events/pkg/store"
 	"github.com/idempotent-events/idempotent-events/pkg/testenv"
 	"github.com/idempotent-events/idempotent-events/pkg/worker"
@@ -153,9 +155,34 @@ func (e *env) event(id string) []byte {
 	return b
 }
 
-func (e *env) publish(body []byte) { e.broker.PublishEvent(body, nil) }
+// publish publishes body as the receiver does: MessageId the dedupe key and
+// x-ie-digest the content digest (when the body decodes, as it always does
+// for the receiver).
+func (e *env) publish(body []byte) { e.publishWith(body, nil) }
 
-func (e *env) publishWith(body []byte, h amqp.Table) { e.broker.PublishEvent(body, h) }
+func (e *env) publishWith(body []byte, h amqp.Table) {
+	e.t.Helper()
+	h = maps.Clone(h)
+	if h == nil {
+		h = amqp.Table{}
+	}
+	source := broker.String(h, broker.HeaderSource)
+	if source == "" {
+		source = event.DefaultSource
+	}
+	ev, err := event.Parse(broker.String(h, broker.HeaderScheme), broker.String(h, broker.HeaderEventID),
+		broker.String(h, broker.HeaderEventType), body)
+	if err != nil {
+		e.broker.PublishEvent(body, h)
+		return
+	}
+	h[broker.HeaderDigest] = ev.DigestHex()
+	e.broker.PublishEventWithID(body, event.Key(source, ev.ID), h)
+}
+
+// publishBare publishes body with neither MessageId nor x-ie-digest, as a
+// tool or an older receiver might.
+func (e *env) publishBare(body []byte) { e.broker.PublishEvent(body, nil) }
 
 // rows returns the number of payments and processed_events rows of id.
 func (e *env) rows(id string) (payments, ledger int) {

@@ -50,9 +50,15 @@ var errAbandoned = errors.New("batch abandoned by fault-injection hook")
 type message struct {
 	d       amqp.Delivery
 	attempt int
+	// key and digest identify the event: the dedupe key and the content
+	// digest in hex. They come from the message's MessageId and x-ie-digest
+	// when the receiver set them, and from the decoded body otherwise.
+	key, digest string
+	// ev is the decoded body; decoded says it is set.
 	ev      event.Event
+	decoded bool
 	res     Result
-	// stored is the digest the ledger holds when it differs from ev's.
+	// stored is the digest the ledger holds when it differs from ours.
 	stored string
 }
 
@@ -60,21 +66,52 @@ func newMessage(d amqp.Delivery) *message {
 	return &message{d: d, attempt: broker.Attempt(d.Headers)}
 }
 
+// identify takes the dedupe key and content digest the receiver put on the
+// message, which is all the Redis lookup needs. It reports false for a
+// message without them (published by another tool or an older receiver).
+func (m *message) identify() bool {
+	key, digest := m.d.MessageId, broker.String(m.d.Headers, broker.HeaderDigest)
+	if key == "" || len(digest) != 2*len(m.ev.Digest) {
+		return false
+	}
+	m.key, m.digest = key, digest
+	return true
+}
+
+// decode parses m's body. The body is the truth: its digest replaces the
+// header's, and a MessageId that names another event than the body makes
+// the message invalid. On failure m gets its DLQ or retry result and decode
+// reports false.
+func (w *Worker) decode(m *message) bool {
+	if m.decoded {
+		return true
+	}
+	h := m.d.Headers
+	ev, err := event.Parse(broker.String(h, broker.HeaderScheme), broker.String(h, broker.HeaderEventID),
+		broker.String(h, broker.HeaderEventType), m.d.Body)
+	if err == nil {
+		ev.ID = event.Key(sourceOf(h), ev.ID)
+		if m.key != "" && m.key != ev.ID {
+			err = &event.FieldError{Field: "message_id", Problem: fmt.Sprintf("names event %q but the body is event %q", m.key, ev.ID)}
+		}
+	}
+	if err != nil {
+		m.res = decide(err, m.attempt, w.opts.Topology.RetryDelays)
+		return false
+	}
+	m.ev, m.decoded = ev, true
+	m.key, m.digest = ev.ID, ev.DigestHex()
+	return true
+}
+
 // process decides the Result of every message. It returns errAbandoned if a
 // hook simulated a crash; the results are then meaningless.
 func (w *Worker) process(ctx context.Context, msgs []*message) error {
 	pending := make([]*message, 0, len(msgs))
 	for _, m := range msgs {
-		h := m.d.Headers
-		ev, err := event.Parse(broker.String(h, broker.HeaderScheme), broker.String(h, broker.HeaderEventID),
-			broker.String(h, broker.HeaderEventType), m.d.Body)
-		if err != nil {
-			m.res = decide(err, m.attempt, w.opts.Topology.RetryDelays)
-			continue
+		if m.identify() || w.decode(m) {
+			pending = append(pending, m)
 		}
-		ev.ID = event.Key(sourceOf(h), ev.ID)
-		m.ev = ev
-		pending = append(pending, m)
 	}
 	// Copies of one event in the same batch go in later rounds, where the
 	// earlier round's commit makes them duplicates.
@@ -82,11 +119,11 @@ func (w *Worker) process(ctx context.Context, msgs []*message) error {
 		var round, later []*message
 		seen := make(map[string]bool, len(pending))
 		for _, m := range pending {
-			if seen[m.ev.ID] {
+			if seen[m.key] {
 				later = append(later, m)
 				continue
 			}
-			seen[m.ev.ID] = true
+			seen[m.key] = true
 			round = append(round, m)
 		}
 		if err := w.processRound(ctx, round); err != nil {
@@ -97,11 +134,13 @@ func (w *Worker) process(ctx context.Context, msgs []*message) error {
 	return nil
 }
 
-// processRound handles messages with distinct event ids.
+// processRound handles messages with distinct event keys. A message whose
+// content Redis knows as committed is a duplicate without its body being
+// decoded; the others are decoded and go on to Postgres.
 func (w *Worker) processRound(ctx context.Context, msgs []*message) error {
 	ids := make([]string, len(msgs))
 	for i, m := range msgs {
-		ids[i] = m.ev.ID
+		ids[i] = m.key
 	}
 	hits, err := w.opts.Cache.Committed(ctx, ids)
 	if err != nil {
@@ -112,18 +151,30 @@ func (w *Worker) processRound(ctx context.Context, msgs []*message) error {
 	}
 	var todo, conflicts []*message
 	for i, m := range msgs {
+		hit := ""
+		if hits != nil {
+			hit = hits[i]
+			if hit == "" {
+				w.m.redisLookups.WithLabelValues("miss").Inc()
+			} else {
+				w.m.redisLookups.WithLabelValues("hit").Inc()
+			}
+		}
+		if hit != "" && hit == m.digest {
+			m.res = Result{Outcome: Duplicate, Layer: dedupe.LayerRedis}
+			continue
+		}
+		if !w.decode(m) {
+			continue
+		}
 		switch {
-		case hits == nil:
+		case hit == "":
 			todo = append(todo, m)
-		case hits[i] == "":
-			w.m.redisLookups.WithLabelValues("miss").Inc()
-			todo = append(todo, m)
-		case hits[i] == m.ev.DigestHex():
-			w.m.redisLookups.WithLabelValues("hit").Inc()
+		case hit == m.digest:
+			// The header's digest was not the body's; the body's is.
 			m.res = Result{Outcome: Duplicate, Layer: dedupe.LayerRedis}
 		default:
-			w.m.redisLookups.WithLabelValues("hit").Inc()
-			m.stored = hits[i]
+			m.stored = hit
 			conflicts = append(conflicts, m)
 		}
 	}
@@ -224,7 +275,7 @@ func (w *Worker) commit(ctx context.Context, msgs []*message, isolate bool) erro
 	var entries []dedupe.Entry
 	for _, m := range msgs {
 		if m.res.Outcome == Processed || m.res.Outcome == Duplicate {
-			entries = append(entries, dedupe.Entry{ID: m.ev.ID, Digest: m.ev.DigestHex()})
+			entries = append(entries, dedupe.Entry{ID: m.key, Digest: m.digest})
 		}
 	}
 	mctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -247,7 +298,7 @@ func (w *Worker) checkDuplicates(ctx context.Context, dups []*message) error {
 	}
 	ids := make([]string, len(dups))
 	for i, m := range dups {
-		ids[i] = m.ev.ID
+		ids[i] = m.key
 	}
 	tctx, cancel := context.WithTimeout(ctx, w.opts.ProcessTimeout)
 	stored, err := w.opts.Ledger.Digests(tctx, ids)
@@ -258,7 +309,7 @@ func (w *Worker) checkDuplicates(ctx context.Context, dups []*message) error {
 	var conflicts []*message
 	for i, m := range dups {
 		// "" means the row is gone again (pruned): it existed at COMMIT.
-		if stored[i] == m.ev.DigestHex() || stored[i] == "" {
+		if stored[i] == m.digest || stored[i] == "" {
 			m.res = Result{Outcome: Duplicate, Layer: dedupe.LayerPostgres}
 			continue
 		}
@@ -328,7 +379,7 @@ func runHook(h Hook, msgs []*message) error {
 	}
 	ids := make([]string, len(msgs))
 	for i, m := range msgs {
-		ids[i] = m.ev.ID
+		ids[i] = m.key
 	}
 	if err := h(ids); err != nil {
 		return fmt.Errorf("%w: %v", errAbandoned, err)

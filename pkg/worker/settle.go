@@ -24,18 +24,18 @@ func (w *Worker) settle(ctx context.Context, s *session, m *message) error {
 	case Processed, Duplicate:
 		if res.Outcome == Duplicate {
 			w.m.duplicates.WithLabelValues(string(res.Layer)).Inc()
-			w.log.Debug("duplicate acked", zap.String("event_id", m.ev.ID), zap.String("layer", string(res.Layer)))
+			w.log.Debug("duplicate acked", zap.String("event_id", m.key), zap.String("layer", string(res.Layer)))
 		}
 	case Conflict:
 		w.log.Warn("event id reused with different content: recorded in event_conflicts, not processed",
-			zap.String("event_id", m.ev.ID), zap.String("stored_digest", m.stored), zap.String("digest", m.ev.DigestHex()))
+			zap.String("event_id", m.key), zap.String("stored_digest", m.stored), zap.String("digest", m.digest))
 	case Retry:
 		queue := broker.RetryQueue(res.Delay)
 		if err := w.publishCopy(ctx, s, queue, m, nil); err != nil {
 			return fmt.Errorf("publish to %s: %w", queue, err)
 		}
 		w.m.retries.WithLabelValues(broker.FormatDelay(res.Delay)).Inc()
-		w.log.Warn("event sent to retry tier", zap.String("event_id", m.ev.ID), zap.Int("attempt", m.attempt),
+		w.log.Warn("event sent to retry tier", zap.String("event_id", m.key), zap.Int("attempt", m.attempt),
 			zap.String("queue", queue), zap.Error(res.Err))
 	case DeadLetter:
 		extra := amqp.Table{
@@ -47,7 +47,7 @@ func (w *Worker) settle(ctx context.Context, s *session, m *message) error {
 			return fmt.Errorf("publish to %s: %w", broker.DLQ, err)
 		}
 		w.m.deadLetters.WithLabelValues(res.Reason).Inc()
-		w.log.Error("event dead-lettered", zap.String("event_id", m.ev.ID), zap.String("message_id", m.d.MessageId),
+		w.log.Error("event dead-lettered", zap.String("event_id", m.key), zap.String("message_id", m.d.MessageId),
 			zap.String("reason", res.Reason), zap.Int("attempts", m.attempt), zap.Error(res.Err))
 	default:
 		return fmt.Errorf("no outcome decided for delivery %d", m.d.DeliveryTag)

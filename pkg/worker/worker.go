@@ -348,7 +348,7 @@ func (w *Worker) handle(ctx context.Context, s *session, a *acker, batch []*mess
 	for i, m := range batch {
 		if err := w.settle(ctx, s, m); err != nil {
 			w.log.Error("could not settle message; reconnecting so the broker redelivers it",
-				zap.String("event_id", m.ev.ID), zap.String("outcome", m.res.Outcome.String()), zap.Error(err))
+				zap.String("event_id", m.key), zap.String("outcome", m.res.Outcome.String()), zap.Error(err))
 			s.abort(err)
 			return
 		}

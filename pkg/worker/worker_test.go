@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idempotent-events/idempotent-events/pkg/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/event"
 	"github.com/idempotent-events/idempotent-events/pkg/faultproxy"
 	"github.com/idempotent-events/idempotent-events/pkg/testenv"
 	"github.com/idempotent-events/idempotent-events/pkg/worker"
@@ -514,4 +516,62 @@ func TestALostCommitAnswerIsRetriedAtOnce(t *testing.T) {
 	}
 	e.invariant()
 	assert.Equal(t, 0, e.broker.Depth(broker.MainQueue))
+}
+
+// Messages without MessageId and x-ie-digest (published by another tool or
+// an older receiver) are decoded first and deduplicated all the same.
+func TestMessagesWithoutIdentityHeadersAreDecodedFirst(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	w := e.start()
+	e.publishBare(e.event("evt_bare"))
+	eventually(t, func() bool { return w.outcomes("processed") == 1 }, "processed")
+	e.publishBare(e.event("evt_bare"))
+	e.publish(e.event("evt_bare"))
+	eventually(t, func() bool { return w.count("idempotent_events_worker_duplicates_total", "layer", "redis") == 2 }, "both copies are Redis duplicates")
+	w.stop(t)
+	payments, ledger := e.rows("evt_bare")
+	assert.Equal(t, 1, payments)
+	assert.Equal(t, 1, ledger)
+}
+
+// A message Redis knows under its MessageId and x-ie-digest is a duplicate
+// without its body being decoded: that is the worker's fast path, and why
+// whatever publishes to main_exchange must set both from the body or leave
+// them out. A digest that is not the body's costs a decode, and the body's
+// digest decides; a MessageId that names another event than the body's is
+// invalid and goes to the DLQ.
+func TestIdentityHeadersAreTheFastPathAndTheBodyDecides(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	w := e.start()
+	body := e.event("evt_ident")
+	e.publish(body)
+	eventually(t, func() bool { return w.outcomes("processed") == 1 }, "processed")
+	ev, err := event.Decode(body)
+	require.NoError(t, err)
+
+	// Not JSON: only the headers were read.
+	e.broker.PublishEventWithID([]byte(`{"not":"decoded"`), "evt_ident", amqp.Table{broker.HeaderDigest: ev.DigestHex()})
+	eventually(t, func() bool { return w.outcomes("duplicate") == 1 }, "a Redis duplicate from the headers alone")
+
+	e.broker.PublishEventWithID(body, "evt_ident", amqp.Table{broker.HeaderDigest: strings.Repeat("0", 64)})
+	eventually(t, func() bool { return w.outcomes("duplicate") == 2 }, "the body's digest decides")
+
+	other := e.event("evt_ident_other")
+	otherEv, err := event.Decode(other)
+	require.NoError(t, err)
+	e.broker.PublishEventWithID(other, "evt_ident", amqp.Table{broker.HeaderDigest: otherEv.DigestHex()})
+	eventually(t, func() bool { return w.outcomes("dead_lettered") == 1 }, "a MessageId that is not the body's event")
+	w.stop(t)
+
+	assert.Zero(t, w.outcomes("conflict"))
+	payments, _ := e.rows("evt_ident")
+	assert.Equal(t, 1, payments)
+	payments, _ = e.rows("evt_ident_other")
+	assert.Zero(t, payments, "the mismatched message was not processed")
+	msgs := e.broker.Drain(broker.DLQ)
+	require.Len(t, msgs, 1)
+	assert.Equal(t, worker.ReasonInvalidPayload, msgs[0].Headers[broker.HeaderDLQReason])
+	assert.Contains(t, msgs[0].Headers[broker.HeaderLastError], "message_id")
 }
