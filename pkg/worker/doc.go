@@ -4,17 +4,22 @@
 // For every batch of deliveries (up to WORKER_BATCH_SIZE, or what arrived
 // within WORKER_BATCH_WAIT):
 //
-//  1. Decode. A body that is not a valid event can never succeed: it goes to
-//     events.dlq at once with reason invalid_payload.
-//  2. Redis fast path: one MGET. A hit means the event's transaction
-//     committed earlier (keys are written only after COMMIT): ack it as a
-//     duplicate. A miss or any Redis error means "ask Postgres"; the fast path
-//     never skips an event.
-//  3. One Postgres transaction: processed_events (primary key event_id) with
+//  1. Identify: the dedupe key and content digest come from the message's
+//     MessageId and x-ie-digest, which the receiver sets; a message without
+//     them is decoded here.
+//  2. Redis fast path: one MGET. A hit with the same digest means the event's
+//     transaction committed earlier (keys are written only after COMMIT): ack
+//     it as a duplicate, without decoding its body. A miss or any Redis error
+//     means "ask Postgres"; the fast path never skips an event.
+//  3. Decode the rest. A body that is not a valid event can never succeed: it
+//     goes to events.dlq at once with reason invalid_payload, as does one
+//     whose MessageId names another event. The body's digest decides
+//     between duplicate and conflict.
+//  4. One Postgres transaction: processed_events (primary key event_id) with
 //     ON CONFLICT DO NOTHING RETURNING, then the payments rows of the events
 //     that insert returned. Events it did not return were committed before:
 //     duplicates.
-//  4. After COMMIT: remember the ids in Redis (best effort), then ack.
+//  5. After COMMIT: remember the ids in Redis (best effort), then ack.
 //
 // Failures, decided in one place (decide):
 //
