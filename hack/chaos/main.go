@@ -241,7 +241,14 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 			w.Term(10 * time.Second)
 		}
 	}()
-	check(harness.WaitHTTP("http://"+sys.httpAddr+"/readyz", 30*time.Second))
+	if err := harness.WaitHTTP("http://"+sys.httpAddr+"/readyz", 60*time.Second); err != nil {
+		// Once in CI the receiver was not ready within 30 s at a scenario's
+		// start; its log says why, if it happens again.
+		sys.mu.Lock()
+		log := sys.receiver.Log()
+		sys.mu.Unlock()
+		check(fmt.Errorf("%w\nreceiver log:\n%s", err, log))
+	}
 
 	start := time.Now()
 	stopRSS := make(chan struct{})
