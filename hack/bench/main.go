@@ -514,7 +514,8 @@ func drainWith(ctx context.Context, s *harness.Stack, delivered, unique int, env
 	// The clock starts when the worker reports that it consumes: its
 	// start-up (process, connections, topology) is the same for every
 	// configuration and is not throughput.
-	awaitReady("http://"+metricsAddr+"/readyz", 20*time.Second)
+	// Polled every millisecond: the clock starts at readiness.
+	check(harness.WaitHTTPEvery("http://"+metricsAddr+"/readyz", 20*time.Second, time.Millisecond))
 	cpu := harness.ReadCPU("bench")
 	start := time.Now()
 	if delivered > 50_000 {
@@ -542,21 +543,6 @@ func drainWith(ctx context.Context, s *harness.Stack, delivered, unique int, env
 	printWorkerShape(metricsAddr)
 	fmt.Printf("  cores: %s\n", cores)
 	return float64(delivered) / elapsed, float64(unique) / elapsed, mib(peak)
-}
-
-// awaitReady polls url every millisecond until it answers 200.
-func awaitReady(url string, timeout time.Duration) {
-	for deadline := time.Now().Add(timeout); ; time.Sleep(time.Millisecond) {
-		if resp, err := http.Get(url); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			check(fmt.Errorf("%s did not answer 200 within %s", url, timeout))
-		}
-	}
 }
 
 // checkDrained fails the run unless the ledger holds unique events, none

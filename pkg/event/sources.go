@@ -99,6 +99,9 @@ func Parse(scheme, id, typ string, body []byte) (Event, error) {
 	return Event{}, &FieldError{Field: "scheme", Problem: "unknown signature scheme " + scheme}
 }
 
+// DigestHexLen is the length of DigestHex's answer.
+const DigestHexLen = 2 * len(Event{}.Digest)
+
 // DigestHex is the event's content digest in hex, as Redis and the ledger
 // hold it.
 func (e Event) DigestHex() string { return hex.EncodeToString(e.Digest[:]) }

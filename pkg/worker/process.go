@@ -71,7 +71,7 @@ func newMessage(d amqp.Delivery) *message {
 // message without them (published by another tool or an older receiver).
 func (m *message) identify() bool {
 	key, digest := m.d.MessageId, broker.String(m.d.Headers, broker.HeaderDigest)
-	if key == "" || len(digest) != 2*len(m.ev.Digest) {
+	if key == "" || len(digest) != event.DigestHexLen {
 		return false
 	}
 	m.key, m.digest = key, digest

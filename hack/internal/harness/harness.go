@@ -189,6 +189,11 @@ func WaitHTTP(url string, timeout time.Duration) error {
 	return testenv.AwaitHTTP(url, http.StatusOK, timeout)
 }
 
+// WaitHTTPEvery is WaitHTTP asking every interval.
+func WaitHTTPEvery(url string, timeout, interval time.Duration) error {
+	return testenv.PollHTTP(url, http.StatusOK, timeout, interval)
+}
+
 // tail keeps the last max lines written to it.
 type tail struct {
 	mu    sync.Mutex
