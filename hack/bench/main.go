@@ -513,8 +513,8 @@ func drainWith(ctx context.Context, s *harness.Stack, delivered, unique int, env
 	defer w.Term(30 * time.Second)
 	// The clock starts when the worker reports that it consumes: its
 	// start-up (process, connections, topology) is the same for every
-	// configuration and is not throughput.
-	// Polled every millisecond: the clock starts at readiness.
+	// configuration and is not throughput. Readiness is polled every
+	// millisecond so the clock starts close to it.
 	check(harness.WaitHTTPEvery("http://"+metricsAddr+"/readyz", 20*time.Second, time.Millisecond))
 	cpu := harness.ReadCPU("bench")
 	start := time.Now()
