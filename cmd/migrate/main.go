@@ -33,7 +33,7 @@ func main() {
 				return err
 			}
 			log.Info("schema up to date", zap.Bool("created_database", res.CreatedDatabase),
-				zap.Int64s("applied", res.Applied), zap.Int64("version", res.Version))
+				zap.Int64s("applied", res.Applied), zap.Int64("schema_version", res.Version))
 			return nil
 		case "wait":
 			ctx, cancel := context.WithTimeout(ctx, cfg.WaitTimeout)

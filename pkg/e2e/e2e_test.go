@@ -111,6 +111,23 @@ func TestInvalidConfigurationExitsTwoNamingTheVariable(t *testing.T) {
 	}
 }
 
+// --check-config validates exactly as a start does and touches no service:
+// the services' addresses point at a closed port, yet a valid configuration
+// exits 0 and an invalid one 2, naming the variable.
+func TestCheckConfigValidatesWithoutStarting(t *testing.T) {
+	t.Parallel()
+	unreachable := []string{"AMQP_URL=amqp://guest:guest@127.0.0.1:1/", "REDIS_URL=redis://127.0.0.1:1/0",
+		"DATABASE_URL=postgres://postgres@127.0.0.1:1/x?sslmode=disable"}
+	for _, bin := range []string{"receiver", "worker", "migrate"} {
+		code, stdout, stderr := run(t, bin, cleanEnv(append(unreachable, "WEBHOOK_SECRETS=whsec_x")...), "--check-config")
+		require.Equal(t, 0, code, "%s stderr: %s", bin, stderr)
+		require.Equal(t, bin+": configuration ok\n", stdout)
+	}
+	code, _, stderr := run(t, "receiver", cleanEnv(append(unreachable, "WEBHOOK_SECRETS=whsec_x", "DUPLICATE_CHECK=true")...), "--check-config")
+	require.Equal(t, 2, code)
+	require.True(t, strings.HasPrefix(stderr, "invalid configuration: DUPLICATE_CHECK: "), stderr)
+}
+
 type proc struct {
 	cmd    *exec.Cmd
 	out    *bytes.Buffer
