@@ -32,7 +32,7 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
     go build -trimpath -buildvcs=false \
-      -ldflags "-s -w -X github.com/idempotent-events/idempotent-events/pkg/telemetry.Version=${VERSION}" \
+      -ldflags "-s -w -X github.com/idempotent-events/idempotent-events/pkg/internal/telemetry.Version=${VERSION}" \
       -o /out/ ./cmd/receiver ./cmd/worker ./cmd/migrate ./cmd/eventsctl
 
 FROM gcr.io/distroless/static-debian12:nonroot AS runtime

@@ -5,7 +5,7 @@ SHELL := /usr/bin/env bash
 GO        ?= go
 BIN       ?= bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -s -w -X github.com/idempotent-events/idempotent-events/pkg/telemetry.Version=$(VERSION)
+LDFLAGS   := -s -w -X github.com/idempotent-events/idempotent-events/pkg/internal/telemetry.Version=$(VERSION)
 GOFLAGS_BUILD := -trimpath -buildvcs=false
 
 .PHONY: help
@@ -36,6 +36,10 @@ lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
+.PHONY: check
+check: services lint ## The edit loop: lint, then the Go tests without the slow suites (-short: no binaries built, no browser)
+	$(GO) test -short -count=1 ./...
+
 .PHONY: test-go
 test-go: ## Go tests (unit + integration against 127.0.0.1 services), race detector on
 	$(GO) test -race -count=1 -timeout 30m ./...
@@ -50,15 +54,15 @@ fuzz: ## Every fuzz target for 3 minutes; fails only on a failing input written 
 
 .PHONY: chaos-short
 chaos-short: ## Every chaos scenario, small: 500 events x 4 deliveries each, 10 s Postgres outage (about 4 minutes)
-	$(GO) run ./hack/chaos -events 500 -dups 3 -duration 8s -pg-outage 10s
+	$(GO) run ./pkg/internal/cmd/chaos -events 500 -dups 3 -duration 8s -pg-outage 10s
 
 .PHONY: chaos
 chaos: services ## The long chaos run: 50,000 events x 4 deliveries per scenario, 60 s Postgres outage, real FLUSHALL
-	$(GO) run ./hack/chaos -events 50000 -dups 3 -duration 60s -pg-outage 60s -flushall
+	$(GO) run ./pkg/internal/cmd/chaos -events 50000 -dups 3 -duration 60s -pg-outage 60s -flushall
 
 .PHONY: bench
 bench: services ## Benchmark harness: receiver, worker, end-to-end and memory beside this machine's raw limits (medians of 3 runs)
-	$(GO) run ./hack/bench -runs 3
+	$(GO) run ./pkg/internal/cmd/bench -runs 3
 
 .PHONY: check-observability
 check-observability: ## promtool check/test of the alert rules, dashboard validation, runbook coverage

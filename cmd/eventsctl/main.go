@@ -1,19 +1,12 @@
 // Command eventsctl is the operator's tool for idempotent-events: sign and
-// send test events (and, as the project grows, inspect the DLQ).
+// send test events, check that they took effect once, read queue status,
+// and list, show, replay or discard messages in the DLQ.
 package main
 
 import (
-	"context"
 	"os"
-	"os/signal"
-	"syscall"
 
-	"github.com/idempotent-events/idempotent-events/pkg/ctl"
+	"github.com/idempotent-events/idempotent-events/pkg/service"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := ctl.Main(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { os.Exit(service.Eventsctl()) }

@@ -1,0 +1,122 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/app"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/pipelinetest"
+)
+
+// Every goroutine a test starts must be stopped by the time it ends; a
+// run function that fails half-way must not leave its pools behind.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+type binaryFunc func(args []string, stdout, stderr io.Writer) int
+
+func binaries() map[string]binaryFunc {
+	return map[string]binaryFunc{"receiver": app.Receiver, "worker": app.Worker, "migrate": app.Migrate}
+}
+
+func call(bin binaryFunc, args ...string) (int, string, string) {
+	var stdout, stderr bytes.Buffer
+	code := bin(args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// Help is not an error: -h and --help print the usage on stdout and exit 0;
+// an argument the binary does not take exits 2 with the usage on stderr.
+func TestHelpExitsZeroAndUnknownArgumentsTwo(t *testing.T) {
+	for name, bin := range binaries() {
+		for _, arg := range []string{"-h", "--help"} {
+			code, stdout, stderr := call(bin, arg)
+			assert.Equal(t, app.ExitOK, code, "%s %s", name, arg)
+			assert.Contains(t, stdout, "usage: "+name, "%s %s", name, arg)
+			assert.Empty(t, stderr)
+		}
+		code, stdout, stderr := call(bin, "--frobnicate")
+		assert.Equal(t, app.ExitUsage, code, name)
+		assert.Empty(t, stdout)
+		assert.Contains(t, stderr, `unknown argument "--frobnicate"`, name)
+	}
+}
+
+// What only the signature package can judge (a scheme's name, the form of
+// a Standard Webhooks secret) is still a configuration error: exit 2, one
+// line naming the variable, before anything starts.
+func TestReceiverRefusesUnknownSchemesAndUnusableSecretsNamingTheVariable(t *testing.T) {
+	t.Setenv("WEBHOOK_SECRETS", "whsec_stripe")
+	for _, c := range []struct{ sources, secretsVar, secrets, variable string }{
+		{"acme:soap", "WEBHOOK_SECRETS_ACME", "s1", "WEBHOOK_SOURCES"},
+		{"acme:standard", "WEBHOOK_SECRETS_ACME", "not base64 !", "WEBHOOK_SECRETS_ACME"},
+	} {
+		t.Setenv("WEBHOOK_SOURCES", c.sources)
+		t.Setenv(c.secretsVar, c.secrets)
+		code, stdout, stderr := call(binaries()["receiver"], "--check-config")
+		assert.Equal(t, app.ExitUsage, code, c.sources)
+		assert.Empty(t, stdout)
+		lines := strings.Split(strings.TrimSpace(stderr), "\n")
+		require.Len(t, lines, 1, stderr)
+		assert.True(t, strings.HasPrefix(lines[0], "invalid configuration: "+c.variable+": "), lines[0])
+		assert.NotContains(t, stderr, c.secrets)
+	}
+	t.Setenv("WEBHOOK_SOURCES", "acme:standard")
+	t.Setenv("WEBHOOK_SECRETS_ACME", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+	code, stdout, _ := call(binaries()["receiver"], "--check-config")
+	assert.Equal(t, app.ExitOK, code)
+	assert.Equal(t, "receiver: configuration ok\n", stdout)
+}
+
+// A worker whose start fails after it opened its listeners, pools and
+// clients releases every one of them: the ports can be bound again at once,
+// and goleak (TestMain) finds no goroutine of a pool left behind. Here the
+// queue statistics fail to register (their names are taken on the
+// registry), the last step before the worker runs.
+func TestRunWorkerReleasesWhatItOpenedWhenAStepFails(t *testing.T) {
+	p := pipelinetest.New(t)
+	cfg := p.Config(pipelinetest.Token)
+	cfg.RabbitMQManagementURL = "auto"
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "idempotent_events_queue_stats_up", Help: "taken by the test"}))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := app.RunWorker(ctx, cfg, zaptest.NewLogger(t), reg)
+	require.ErrorContains(t, err, "queuestats")
+	for _, addr := range []string{cfg.MetricsAddr, cfg.AdminAddr} {
+		ln, err := net.Listen("tcp", addr)
+		require.NoError(t, err, "%s is still held after the failed start", addr)
+		require.NoError(t, ln.Close())
+	}
+}
+
+// The same when the failing step is a listener: an admin address already
+// in use releases the metrics listener opened before it.
+func TestRunWorkerReleasesTheMetricsListenerWhenTheAdminAddressIsTaken(t *testing.T) {
+	p := pipelinetest.New(t)
+	cfg := p.Config(pipelinetest.Token)
+	taken, err := net.Listen("tcp", cfg.AdminAddr)
+	require.NoError(t, err)
+	defer func() { _ = taken.Close() }()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = app.RunWorker(ctx, cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
+	require.ErrorContains(t, err, "listen on "+cfg.AdminAddr)
+	ln, err := net.Listen("tcp", cfg.MetricsAddr)
+	require.NoError(t, err, "the metrics listener is still held")
+	require.NoError(t, ln.Close())
+}

@@ -1,0 +1,70 @@
+package app_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const module = "github.com/idempotent-events/idempotent-events/"
+
+// layers places every package of the product. A package may import only
+// packages of a lower layer: the graph reads bottom to top, and a low
+// package (event, webhook, store, broker, dedupe) never learns of what is
+// built on it. A new package fails this test until it is given a layer.
+var layers = map[string]int{
+	// Vocabulary and plumbing that import nothing of ours.
+	"pkg/internal/backoff": 0, "pkg/internal/event": 0, "pkg/internal/webhook": 0, "pkg/internal/logging": 0,
+	"pkg/internal/httpserver": 0, "pkg/internal/config": 0, "migrations": 0,
+	// Clients of one service each, and the metrics registry.
+	"pkg/internal/telemetry": 1, "pkg/internal/store": 1, "pkg/internal/dedupe": 1, "pkg/internal/migrate": 1,
+	"pkg/internal/broker": 2, "pkg/internal/queuestats": 2,
+	// The pipeline and the DLQ engine.
+	"pkg/internal/receiver": 3, "pkg/internal/worker": 3, "pkg/internal/dlq": 3,
+	// What operators use.
+	"pkg/internal/admin": 4, "pkg/internal/eventsctl": 4,
+	// The composition root, the public door, the binaries.
+	"pkg/internal/app": 5, "pkg/service": 6,
+	"cmd/receiver": 7, "cmd/worker": 7, "cmd/migrate": 7, "cmd/eventsctl": 7,
+}
+
+// testOnly are the packages that exist for tests and the development
+// harnesses. They may import anything; no product package may import them.
+var testOnly = map[string]bool{
+	"pkg/internal/servicetest": true, "pkg/internal/faulttest": true, "pkg/internal/pipelinetest": true,
+	"pkg/internal/event/eventtest": true, "pkg/internal/harness": true, "pkg/internal/e2etest": true,
+	"pkg/internal/cmd/chaos": true, "pkg/internal/cmd/bench": true,
+}
+
+func TestImportsPointDown(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", module+"...").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg := strings.TrimPrefix(fields[0], module)
+		if testOnly[pkg] {
+			continue
+		}
+		layer, ok := layers[pkg]
+		if !ok {
+			t.Errorf("package %s has no layer: place it in layers (or testOnly) in %s", pkg, "layers_test.go")
+			continue
+		}
+		for _, imp := range fields[1:] {
+			dep, ours := strings.CutPrefix(imp, module)
+			if !ours {
+				continue
+			}
+			switch depLayer, known := layers[dep]; {
+			case testOnly[dep]:
+				t.Errorf("%s imports %s, which exists for tests only", pkg, dep)
+			case !known:
+				t.Errorf("%s imports %s, which has no layer", pkg, dep)
+			case depLayer >= layer:
+				t.Errorf("%s (layer %d) imports %s (layer %d): imports must point down", pkg, layer, dep, depLayer)
+			}
+		}
+	}
+}

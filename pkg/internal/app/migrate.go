@@ -1,0 +1,55 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/migrate"
+)
+
+const migrateUsage = `migrate: creates the database if needed and applies the embedded schema
+migrations. Safe to run from several pods at once and to run again.
+Configuration is environment variables only (docs/configuration.md).
+
+usage: migrate [up | wait | --check-config | --version | --help]
+  up     apply pending migrations (the default)
+  wait   block until the schema is current (for init containers)
+`
+
+// Migrate is the migrate binary: it runs with args (without the program
+// name) and returns the exit status.
+func Migrate(args []string, stdout, stderr io.Writer) int {
+	var cfg config.Migrate
+	return binary{
+		name: "migrate", usage: migrateUsage, commands: []string{"up", "wait"}, cfg: &cfg,
+		run: func(ctx context.Context, command string, log *zap.Logger, _ *prometheus.Registry) error {
+			switch command {
+			case "up":
+				res, err := migrate.Up(ctx, cfg.DatabaseURL, cfg.LockTimeout)
+				if err != nil {
+					return err
+				}
+				log.Info("schema up to date", zap.Bool("created_database", res.CreatedDatabase),
+					zap.Int64s("applied", res.Applied), zap.Int64("schema_version", res.Version))
+				return nil
+			case "wait":
+				ctx, cancel := context.WithTimeout(ctx, cfg.WaitTimeout)
+				defer cancel()
+				err := migrate.Wait(ctx, cfg.DatabaseURL, 2*time.Second, func(err error) {
+					log.Info("waiting for the schema", zap.Error(err))
+				})
+				if err == nil {
+					log.Info("schema is current")
+				}
+				return err
+			}
+			return fmt.Errorf("unknown command %q", command)
+		},
+	}.main(args, stdout, stderr)
+}

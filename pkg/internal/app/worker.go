@@ -1,0 +1,157 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/admin"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/dedupe"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/dlq"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/httpserver"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/queuestats"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
+)
+
+const workerUsage = `worker: consumes events.main and commits each event's effect exactly once;
+with ADMIN_TOKEN set it also serves the DLQ admin API and page. Configuration
+is environment variables only (docs/configuration.md).
+
+usage: worker [--check-config | --version | --help]
+`
+
+// Worker is the worker binary: it runs with args (without the program
+// name) and returns the exit status.
+func Worker(args []string, stdout, stderr io.Writer) int {
+	var cfg config.Worker
+	return binary{
+		name: "worker", usage: workerUsage, cfg: &cfg,
+		run: func(ctx context.Context, _ string, log *zap.Logger, reg *prometheus.Registry) error {
+			return RunWorker(ctx, cfg, log, reg)
+		},
+	}.main(args, stdout, stderr)
+}
+
+// RunWorker runs a worker from a loaded cfg, with its metrics endpoint, the
+// queue statistics and (with ADMIN_TOKEN) the admin server, until ctx is
+// done and in-flight work is drained. Tests run it in-process.
+func RunWorker(ctx context.Context, cfg config.Worker, log *zap.Logger, reg *prometheus.Registry) error {
+	st, err := store.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	cache, err := dedupe.Open(cfg.RedisURL, cfg.RedisKeyPrefix, cfg.DedupeTTL)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = cache.Close() }()
+
+	w, err := worker.New(worker.Options{
+		Dialer:          broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events worker", MaxBackoff: cfg.AMQPReconnectMaxBackoff},
+		Topology:        topology(cfg.Topology),
+		Prefetch:        cfg.Prefetch,
+		ReplayPrefetch:  cfg.ReplayPrefetch,
+		Concurrency:     cfg.Concurrency,
+		BatchSize:       cfg.BatchSize,
+		BatchWait:       cfg.BatchWait,
+		ProcessTimeout:  cfg.ProcessTimeout,
+		PublishTimeout:  cfg.PublishTimeout,
+		ShutdownTimeout: cfg.ShutdownTimeout,
+		RetryOnOutage:   cfg.OutageMode == "retry",
+		Ledger:          st,
+		Cache:           cache,
+		Logger:          log,
+		Metrics:         worker.NewMetrics(reg),
+	})
+	if err != nil {
+		return err
+	}
+
+	metrics, err := httpserver.New(httpserver.Options{
+		Addr: cfg.MetricsAddr, Handler: telemetry.MetricsHandler(reg, w.Ready, cfg.Pprof), ShutdownTimeout: cfg.ShutdownTimeout,
+	})
+	if err != nil {
+		return err
+	}
+	defer metrics.Close()
+	adm, err := newAdmin(cfg, st.Pool(), log.Named("admin"), reg)
+	if err != nil {
+		return err
+	}
+	if adm != nil {
+		defer adm.Close()
+	}
+	stats, err := newQueueStats(cfg, log.Named("queuestats"), reg)
+	if err != nil {
+		return err
+	}
+
+	var wg sync.WaitGroup
+	var metricsErr, adminErr error
+	if stats != nil {
+		wg.Go(func() { _ = stats.Run(ctx) })
+	}
+	wg.Go(func() { metricsErr = metrics.Run(ctx) })
+	if adm != nil {
+		wg.Go(func() { adminErr = adm.Run(ctx) })
+		log.Info("admin server listening", zap.String("addr", adm.Addr().String()))
+	}
+	log.Info("worker starting", zap.String("metrics_addr", metrics.Addr().String()))
+	err = w.Run(ctx)
+	wg.Wait()
+	return errors.Join(err, metricsErr, adminErr)
+}
+
+// newAdmin builds the admin server the worker runs on ADMIN_ADDR: the DLQ
+// tools on AMQP_URL and the audit trail on pool. It returns nil when
+// ADMIN_TOKEN is empty: the admin server is off.
+func newAdmin(cfg config.Worker, pool *pgxpool.Pool, log *zap.Logger, reg prometheus.Registerer) (*httpserver.Server, error) {
+	if !cfg.AdminEnabled() {
+		return nil, nil
+	}
+	audit := dlq.NewAudit(pool)
+	ops := dlq.New(dlq.Options{
+		Dialer:         broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events admin"},
+		Audit:          audit,
+		ScanLimit:      cfg.AdminScanLimit,
+		Rate:           cfg.AdminReplayRate,
+		PublishTimeout: cfg.PublishTimeout,
+		Logger:         log.Named("dlq"),
+		Metrics:        dlq.NewMetrics(reg),
+	})
+	s, err := admin.New(admin.Options{
+		Token: cfg.AdminToken, Operator: cfg.AdminOperator, DLQ: ops, Audit: audit,
+		SessionTTL: cfg.AdminSessionTTL, Logger: log, Metrics: admin.NewMetrics(reg),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return httpserver.New(s.HTTPOptions(cfg.AdminAddr, cfg.ShutdownTimeout))
+}
+
+// newQueueStats builds the collector of queue depths and ages, or nil when
+// RABBITMQ_MANAGEMENT_URL is off.
+func newQueueStats(cfg config.Worker, log *zap.Logger, reg prometheus.Registerer) (*queuestats.Collector, error) {
+	mgmt, err := queuestats.ManagementURL(cfg.RabbitMQManagementURL, cfg.AMQPURL)
+	if err != nil || mgmt == "" {
+		return nil, err
+	}
+	client, err := queuestats.ForAMQP(mgmt, cfg.AMQPURL)
+	if err != nil {
+		return nil, err
+	}
+	return queuestats.NewCollector(queuestats.CollectorOptions{
+		Registerer: reg, Client: client, Prefix: broker.QueuePrefix, Interval: cfg.QueueStatsInterval,
+		OnError: func(err error) { log.Warn("queue stats unavailable", zap.Error(err)) },
+	})
+}

@@ -1,0 +1,120 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"os"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/backoff"
+)
+
+// Dialer says how to reach the broker.
+type Dialer struct {
+	// URL is the AMQP URL, vhost included.
+	URL string
+	// Name is shown as the connection name in the broker's UI.
+	Name string
+	// MaxBackoff caps the wait between reconnect attempts.
+	MaxBackoff time.Duration
+	// DialTimeout bounds one TCP connect plus handshake; 5s when zero.
+	DialTimeout time.Duration
+	// Heartbeat detects dead peers; 10s when zero.
+	Heartbeat time.Duration
+}
+
+// Dial opens one connection.
+func (d Dialer) Dial() (*amqp.Connection, error) {
+	timeout := d.DialTimeout
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	heartbeat := d.Heartbeat
+	if heartbeat <= 0 {
+		heartbeat = 10 * time.Second
+	}
+	props := amqp.NewConnectionProperties()
+	host, _ := os.Hostname()
+	props.SetClientConnectionName(d.Name + " " + host)
+	// Recovery stays nil: reconnecting is Supervise's job, so that delivery
+	// tags and unconfirmed publishes never outlive their connection.
+	return amqp.DialConfig(d.URL, amqp.Config{
+		Heartbeat:  heartbeat,
+		Locale:     "en_US",
+		Properties: props,
+		Dial:       amqp.DefaultDial(timeout),
+	})
+}
+
+// stableConnection is how long a connection must have lived for its loss
+// to restart the backoff from its minimum.
+const stableConnection = time.Second
+
+// ServeFunc uses one connection until it closes or ctx is done. It owns
+// everything it opens on the connection. Returning an error makes Supervise
+// close the connection and reconnect after a backoff.
+type ServeFunc func(ctx context.Context, conn *amqp.Connection) error
+
+// Supervise dials the broker and runs serve on each connection, redialing
+// with jittered exponential backoff whenever the connection is lost, until
+// ctx is done. It returns nil when ctx is done.
+func Supervise(ctx context.Context, d Dialer, log *zap.Logger, onState func(connected bool), serve ServeFunc) error {
+	maxBackoff := d.MaxBackoff
+	if maxBackoff <= 0 {
+		maxBackoff = 10 * time.Second
+	}
+	const minBackoff = 100 * time.Millisecond
+	wait := minBackoff
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		conn, err := d.Dial()
+		if err != nil {
+			log.Warn("broker connect failed", zap.Error(err), zap.Duration("retry_in", wait))
+		} else {
+			started := time.Now()
+			log.Info("broker connected")
+			onState(true)
+			err = serve(ctx, conn)
+			onState(false)
+			_ = conn.Close()
+			if ctx.Err() != nil {
+				return nil
+			}
+			if err != nil {
+				log.Warn("broker connection lost", zap.Error(err))
+			} else {
+				log.Warn("broker connection closed")
+			}
+			if time.Since(started) >= stableConnection {
+				// The broker was reachable and the connection worked: a cut
+				// is not an outage, so reconnect quickly. Only connections
+				// that fail at once keep growing the backoff.
+				wait = minBackoff
+			}
+		}
+		if !backoff.Sleep(ctx, backoff.Jitter(wait)) {
+			return nil
+		}
+		wait = min(wait*2, maxBackoff)
+	}
+}
+
+// WaitClosed blocks until conn is closed, returning the broker's reason, or
+// until ctx is done.
+func WaitClosed(ctx context.Context, conn *amqp.Connection) error {
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	select {
+	case <-ctx.Done():
+		return nil
+	case err, ok := <-closed:
+		if ok && err != nil {
+			return err
+		}
+		return errors.New("connection closed")
+	}
+}

@@ -1,0 +1,703 @@
+// Command bench measures idempotent-events on this machine and prints the
+// figures the README quotes: receiver requests/s and latency, worker
+// events/s, end-to-end latency at a fixed offered rate, memory of each
+// process — beside the limits of the same services measured in the same
+// run (raw confirmed publishes, raw consume with multiple acks, raw
+// Postgres inserts of the same rows) and the worker configured as the seed
+// (prefetch 1, one transaction per event). It prints the ratios.
+//
+//	go run ./pkg/internal/cmd/bench [-events 100000] [-dups 2] [-runs 3]
+//
+// Every figure is measured, none is asserted: the machines are noisy, so
+// the harness reports medians over -runs runs.
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/event"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/harness"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
+)
+
+type options struct {
+	events, dups, conc, seedEvents, runs int
+	rawMessages                          int
+	rate                                 int
+	rateFor                              time.Duration
+	workerEnv, receiverEnv               string
+	only, profileDir                     string
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.events, "events", 100_000, "unique events in the main workload")
+	flag.IntVar(&o.dups, "dups", 2, "extra deliveries of each event (duplicates)")
+	flag.IntVar(&o.conc, "concurrency", 128, "concurrent HTTP clients against the receiver")
+	flag.IntVar(&o.seedEvents, "seed-events", 10_000, "unique events for the seed-configuration comparison (each sent 1+dups times)")
+	flag.IntVar(&o.runs, "runs", 3, "runs; figures are medians over runs")
+	flag.IntVar(&o.rawMessages, "raw-messages", 0, "messages of the raw broker limits (default: as many as the main workload delivers)")
+	flag.IntVar(&o.rate, "rate", 1000, "offered events/s for the end-to-end latency phase")
+	flag.DurationVar(&o.rateFor, "rate-duration", 20*time.Second, "length of the end-to-end latency phase")
+	flag.StringVar(&o.workerEnv, "worker-env", "", "extra worker settings for our configuration, e.g. WORKER_BATCH_SIZE=128,WORKER_PREFETCH=512")
+	flag.StringVar(&o.receiverEnv, "receiver-env", "", "extra receiver settings, e.g. PUBLISH_CHANNELS=8")
+	flag.StringVar(&o.only, "only", "", "run only one phase: raw, main, seed, e2e (for profiling; prints that phase's lines)")
+	flag.StringVar(&o.profileDir, "profile", "", "write 10 s CPU profiles of the receiver and the worker under load to this directory")
+	flag.Parse()
+	if o.rawMessages <= 0 {
+		o.rawMessages = o.events * (1 + o.dups)
+	}
+	if o.profileDir != "" {
+		check(os.MkdirAll(o.profileDir, 0o755))
+		o.receiverEnv = strings.Trim(o.receiverEnv+",METRICS_PPROF=true", ",")
+		o.workerEnv = strings.Trim(o.workerEnv+",METRICS_PPROF=true", ",")
+	}
+	profileDir = o.profileDir
+
+	binDir, err := os.MkdirTemp("", "ie-bench-bin")
+	check(err)
+	defer os.RemoveAll(binDir)
+	fmt.Println("building binaries …")
+	check(harness.Build(binDir))
+
+	var all []figures
+	for r := 1; r <= o.runs; r++ {
+		fmt.Printf("\n=== run %d of %d ===\n", r, o.runs)
+		f := run(context.Background(), binDir, o)
+		f.ratios()
+		f.print(fmt.Sprintf("run %d", r))
+		all = append(all, f)
+	}
+	median(all).print(fmt.Sprintf("MEDIAN of %d runs", len(all)), all...)
+}
+
+// profileDir, when set, receives CPU profiles taken under load.
+var profileDir string
+
+// profile fetches a CPU profile of the process serving metricsAddr in the
+// background; wait for the returned channel before stopping the process.
+func profile(name, metricsAddr string) <-chan struct{} {
+	done := make(chan struct{})
+	if profileDir == "" {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		resp, err := http.Get("http://" + metricsAddr + "/debug/pprof/profile?seconds=10")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "profile:", err)
+			return
+		}
+		defer resp.Body.Close()
+		f, err := os.Create(filepath.Join(profileDir, name+".pprof"))
+		check(err)
+		defer f.Close()
+		_, _ = io.Copy(f, resp.Body)
+	}()
+	return done
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// figures are one run's measurements. Rates are per second, latencies in
+// milliseconds, memory in MiB.
+type figures struct {
+	rawPublish, rawConsume, pgOne, pgBatch        float64
+	receiverRPS, receiverP50, receiverP99         float64
+	receiverRSS                                   float64
+	worker, workerUnique, workerRSS               float64
+	seed, oursSmall                               float64
+	e2eP50, e2eP99, e2eHTTPP99, e2eAchieved, e2eN float64
+	e2eOffered                                    float64
+	e2eReceiverRSS, e2eWorkerRSS                  float64
+	rReceiver, rWorker, rSeed                     float64
+}
+
+// ratios sets the run's ratios, each taken within the run.
+func (f *figures) ratios() {
+	div := func(a, b float64) float64 {
+		if b == 0 {
+			return 0
+		}
+		return a / b
+	}
+	f.rReceiver = div(f.receiverRPS, f.rawPublish)
+	f.rWorker = div(f.worker, min(f.pgBatch, f.rawConsume))
+	f.rSeed = div(f.oursSmall, f.seed)
+}
+
+// print prints one run's figures, or with runs the medians of several:
+// every figure, and every ratio, is then the median of the runs' values,
+// the ratios followed by the value of each run.
+func (f figures) print(title string, runs ...figures) {
+	each := func(r func(figures) float64) string {
+		if len(runs) < 2 {
+			return ""
+		}
+		var v []string
+		for _, run := range runs {
+			v = append(v, fmt.Sprintf("%.2f", r(run)))
+		}
+		return " [runs: " + strings.Join(v, " ") + "]"
+	}
+	limit := min(f.pgBatch, f.rawConsume)
+	fmt.Printf("\n--- %s ---\n", title)
+	fmt.Printf("limits of this machine (same services, same run)\n")
+	fmt.Printf("  raw RabbitMQ confirmed publishes     %9.0f msg/s  (256 in flight, one channel)\n", f.rawPublish)
+	fmt.Printf("  raw RabbitMQ consume, multiple acks  %9.0f msg/s  (prefetch 1024, ack every 128)\n", f.rawConsume)
+	fmt.Printf("  raw Postgres, one row per tx         %9.0f rows/s (1 client, ledger+payment row)\n", f.pgOne)
+	fmt.Printf("  raw Postgres, 100 rows per tx        %9.0f rows/s (8 clients)\n", f.pgBatch)
+	fmt.Printf("receiver\n")
+	fmt.Printf("  requests/s                           %9.0f\n", f.receiverRPS)
+	fmt.Printf("  vs raw confirmed publishes           %9.2f        (target >= 0.50)%s\n", f.rReceiver, each(func(r figures) float64 { return r.rReceiver }))
+	fmt.Printf("  latency p50 / p99                    %9.1f / %.1f ms\n", f.receiverP50, f.receiverP99)
+	fmt.Printf("  peak RSS                             %9.1f MiB\n", f.receiverRSS)
+	fmt.Printf("worker (ours)\n")
+	fmt.Printf("  deliveries/s                         %9.0f        (%.0f unique events/s)\n", f.worker, f.workerUnique)
+	fmt.Printf("  vs lower raw limit (%.0f/s)          %9.2f        (target >= 0.70)%s\n", limit, f.rWorker, each(func(r figures) float64 { return r.rWorker }))
+	fmt.Printf("  peak RSS                             %9.1f MiB\n", f.workerRSS)
+	fmt.Printf("worker, seed configuration (prefetch 1, batch 1, concurrency 1)\n")
+	fmt.Printf("  deliveries/s                         %9.0f        (ours on the same workload: %.0f/s)\n", f.seed, f.oursSmall)
+	fmt.Printf("  ours / seed configuration            %9.2f        (target >= 10)%s\n", f.rSeed, each(func(r figures) float64 { return r.rSeed }))
+	fmt.Printf("end to end at %.0f events/s offered (%.0f achieved, %.0f events)\n", f.e2eOffered, f.e2eAchieved, f.e2eN)
+	fmt.Printf("  received -> committed p50 / p99      %9.1f / %.1f ms (target p99 < 100 ms)\n", f.e2eP50, f.e2eP99)
+	fmt.Printf("  HTTP answer p99                      %9.1f ms\n", f.e2eHTTPP99)
+	fmt.Printf("  peak RSS receiver / worker           %9.1f / %.1f MiB (target < 100 each)\n", f.e2eReceiverRSS, f.e2eWorkerRSS)
+}
+
+func median(all []figures) figures {
+	var out figures
+	fields := func(f *figures) []*float64 {
+		return []*float64{&f.rawPublish, &f.rawConsume, &f.pgOne, &f.pgBatch, &f.receiverRPS, &f.receiverP50, &f.receiverP99,
+			&f.receiverRSS, &f.worker, &f.workerUnique, &f.workerRSS, &f.seed, &f.oursSmall, &f.e2eP50, &f.e2eP99,
+			&f.e2eHTTPP99, &f.e2eAchieved, &f.e2eN, &f.e2eReceiverRSS, &f.e2eWorkerRSS, &f.e2eOffered,
+			&f.rReceiver, &f.rWorker, &f.rSeed}
+	}
+	dst := fields(&out)
+	for i := range dst {
+		var vals []float64
+		for j := range all {
+			vals = append(vals, *fields(&all[j])[i])
+		}
+		sort.Float64s(vals)
+		*dst[i] = vals[len(vals)/2]
+	}
+	return out
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
+
+func run(ctx context.Context, binDir string, o options) figures {
+	var f figures
+	switch o.only {
+	case "main":
+		mainWorkload(ctx, binDir, o)
+		return f
+	case "seed":
+		f.seed = workerOnly(ctx, binDir, o.seedEvents, o.dups, "WORKER_PREFETCH=1", "WORKER_BATCH_SIZE=1", "WORKER_CONCURRENCY=1")
+		f.oursSmall = workerOnly(ctx, binDir, o.seedEvents, o.dups, splitEnv(o.workerEnv)...)
+		fmt.Printf("worker on %d deliveries: seed config %.0f/s, ours %.0f/s\n", o.seedEvents*(1+o.dups), f.seed, f.oursSmall)
+		return f
+	case "e2e":
+		endToEnd(ctx, binDir, o)
+		return f
+	}
+	f.rawPublish, f.rawConsume = rawBroker(ctx, binDir, o.rawMessages)
+	f.pgOne, f.pgBatch = rawPostgres(ctx, binDir)
+	if o.only == "raw" {
+		fmt.Printf("raw: publish %.0f/s, consume %.0f/s, pg one-per-tx %.0f rows/s, pg batched %.0f rows/s\n", f.rawPublish, f.rawConsume, f.pgOne, f.pgBatch)
+		return f
+	}
+	fmt.Printf("raw: publish %.0f/s, consume %.0f/s, pg one-per-tx %.0f rows/s, pg batched %.0f rows/s\n", f.rawPublish, f.rawConsume, f.pgOne, f.pgBatch)
+
+	f.receiverRPS, f.receiverP50, f.receiverP99, f.receiverRSS, f.worker, f.workerUnique, f.workerRSS = mainWorkload(ctx, binDir, o)
+	f.seed = workerOnly(ctx, binDir, o.seedEvents, o.dups, "WORKER_PREFETCH=1", "WORKER_BATCH_SIZE=1", "WORKER_CONCURRENCY=1")
+	f.oursSmall = workerOnly(ctx, binDir, o.seedEvents, o.dups, splitEnv(o.workerEnv)...)
+	fmt.Printf("worker on %d deliveries: seed config %.0f/s, ours %.0f/s\n", o.seedEvents*(1+o.dups), f.seed, f.oursSmall)
+	f.e2eP50, f.e2eP99, f.e2eHTTPP99, f.e2eAchieved, f.e2eN, f.e2eReceiverRSS, f.e2eWorkerRSS = endToEnd(ctx, binDir, o)
+	f.e2eOffered = float64(o.rate)
+	return f
+}
+
+func splitEnv(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
+}
+
+func newStack(ctx context.Context, binDir string) *harness.Stack {
+	s, err := harness.NewStack(ctx, binDir, "ie_bench")
+	check(err)
+	return s
+}
+
+// rawBroker publishes n messages shaped like the receiver's (same body
+// size, properties and headers) with publisher confirms, 256 in flight on
+// one channel, into a queue that grows as long as the main workload's
+// (a classic queue publishes slower as it grows), then consumes them with the worker's prefetch (1024) and a
+// multiple ack every 128 deliveries (the worker's batch size).
+func rawBroker(ctx context.Context, binDir string, n int) (publish, consume float64) {
+	s := newStack(ctx, binDir)
+	defer s.Close()
+	conn, err := amqp.Dial(s.AMQPURL)
+	check(err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	check(err)
+	_, err = ch.QueueDeclare("bench.raw", true, false, false, false, nil)
+	check(err)
+	check(ch.Confirm(false))
+	body := harness.Body("evt_raw_benchmark_body_00000000")
+	ev, err := event.Decode(body)
+	check(err)
+	window := make(chan *amqp.DeferredConfirmation, 256)
+	var failed atomic.Int64
+	done := make(chan struct{})
+	const short = 50_000
+	var shortDone time.Time // when the first 50,000 were confirmed
+	go func() {
+		defer close(done)
+		confirmed := 0
+		for dc := range window {
+			if ok, _ := dc.WaitContext(ctx); !ok {
+				failed.Add(1)
+			}
+			if confirmed++; confirmed == short {
+				shortDone = time.Now()
+			}
+		}
+	}()
+	cpu := harness.ReadCPU("bench")
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		// The same properties and headers as the receiver's messages.
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", "bench.raw", true, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: body, MessageId: "evt_raw_benchmark_body_00000000",
+			Type: "payment_intent.succeeded", Timestamp: time.Now(), CorrelationId: strconv.FormatInt(int64(i), 36),
+			Headers: amqp.Table{broker.HeaderSource: "stripe", broker.HeaderDigest: ev.DigestHex(), broker.HeaderReceivedAt: time.Now().UnixMilli()},
+		})
+		check(err)
+		window <- dc
+	}
+	close(window)
+	<-done
+	publish = float64(n) / time.Since(start).Seconds()
+	if failed.Load() > 0 {
+		check(fmt.Errorf("raw publish: %d nacks", failed.Load()))
+	}
+	fmt.Printf("raw publish: %d messages at %.0f/s", n, publish)
+	if n > short {
+		fmt.Printf(" (the first %d, while the queue was short: %.0f/s)", short, short/shortDone.Sub(start).Seconds())
+	}
+	fmt.Printf("\n  cores: %s\n", harness.ReadCPU("bench").Since(cpu))
+
+	cch, err := conn.Channel()
+	check(err)
+	// The worker's default prefetch, and a multiple ack per worker batch.
+	check(cch.Qos(1024, 0, false))
+	deliveries, err := cch.Consume("bench.raw", "", false, false, false, false, nil)
+	check(err)
+	cpu = harness.ReadCPU("bench")
+	start = time.Now()
+	for i := 1; i <= n; i++ {
+		d := <-deliveries
+		if i%128 == 0 || i == n {
+			check(d.Ack(true))
+		}
+	}
+	consume = float64(n) / time.Since(start).Seconds()
+	fmt.Printf("raw consume: %d messages at %.0f/s\n  cores: %s\n", n, consume, harness.ReadCPU("bench").Since(cpu))
+	return publish, consume
+}
+
+// rawPostgres writes the rows the worker writes (one processed_events and
+// one payments row per event) through the same SQL: one event per
+// transaction from one client, and 100 per transaction from 8 clients.
+func rawPostgres(ctx context.Context, binDir string) (one, batched float64) {
+	s := newStack(ctx, binDir)
+	defer s.Close()
+	st, err := store.Open(ctx, s.DatabaseURL, 16)
+	check(err)
+	defer st.Close()
+	rec := func(id string) store.Record {
+		body := harness.Body(id)
+		ev, err := event.Decode(body)
+		check(err)
+		sum := sha256.Sum256(body)
+		return store.Record{Event: ev, Source: "stripe", PayloadSHA256: sum[:], ReceivedAt: time.Now(), Attempt: 1}
+	}
+	const nOne = 3000
+	recs := make([]store.Record, nOne)
+	for i := range recs {
+		recs[i] = rec(fmt.Sprintf("evt_pg_one_%07d", i))
+	}
+	start := time.Now()
+	for i := range recs {
+		_, err := st.Commit(ctx, recs[i:i+1])
+		check(err)
+	}
+	one = nOne / time.Since(start).Seconds()
+
+	const clients, per, batches = 8, 100, 125 // 100,000 rows
+	all := make([][]store.Record, clients*batches)
+	for b := range all {
+		all[b] = make([]store.Record, per)
+		for i := range all[b] {
+			all[b][i] = rec(fmt.Sprintf("evt_pg_batch_%04d_%03d", b, i))
+		}
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start = time.Now()
+	for c := 0; c < clients; c++ {
+		wg.Go(func() {
+			for {
+				b := next.Add(1) - 1
+				if b >= int64(len(all)) {
+					return
+				}
+				_, err := st.Commit(ctx, all[b])
+				check(err)
+			}
+		})
+	}
+	wg.Wait()
+	batched = float64(clients*batches*per) / time.Since(start).Seconds()
+	return one, batched
+}
+
+// ids returns n event ids with a run-unique prefix.
+func ids(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("evt_%s_%08d", prefix, i)
+	}
+	return out
+}
+
+// deliveries returns each id 1+dups times, in an order where copies of an
+// event are spread out.
+func deliveries(ids []string, dups int) []string {
+	out := make([]string, 0, len(ids)*(1+dups))
+	for d := 0; d <= dups; d++ {
+		out = append(out, ids...)
+	}
+	return out
+}
+
+// send posts every body over conc connections, one request at a time on
+// each, and returns the answers' codes and latencies.
+func send(sender *harness.Sender, bodies [][]byte, conc int) (codes map[int]int, lat []time.Duration, elapsed time.Duration) {
+	lat = make([]time.Duration, len(bodies))
+	code := make([]int, len(bodies))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for c := 0; c < conc; c++ {
+		wg.Go(func() {
+			conn := sender.Conn()
+			defer conn.Close()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(len(bodies)) {
+					return
+				}
+				code[i], lat[i] = conn.Send(bodies[i])
+			}
+		})
+	}
+	wg.Wait()
+	elapsed = time.Since(start)
+	codes = map[int]int{}
+	for _, c := range code {
+		codes[c]++
+	}
+	return codes, lat, elapsed
+}
+
+func percentile(d []time.Duration, p float64) float64 {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	if len(s) == 0 {
+		return 0
+	}
+	return float64(s[int(p*float64(len(s)-1))].Microseconds()) / 1000
+}
+
+// mainWorkload sends events×(1+dups) signed requests to a receiver with no
+// worker running, then starts a worker and times how long it takes to
+// settle everything.
+func mainWorkload(ctx context.Context, binDir string, o options) (rps, p50, p99, rRSS, wRate, wUnique, wRSS float64) {
+	s := newStack(ctx, binDir)
+	defer s.Close()
+	httpAddr, metricsAddr := harness.FreeAddr(), harness.FreeAddr()
+	rcv, err := s.Start("receiver", "receiver", s.Env(append([]string{"WEBHOOK_SECRETS=whsec_bench", "HTTP_ADDR=" + httpAddr,
+		"METRICS_ADDR=" + metricsAddr}, splitEnv(o.receiverEnv)...)...))
+	check(err)
+	defer rcv.Term(30 * time.Second)
+	check(harness.WaitHTTP("http://"+httpAddr+"/readyz", 20*time.Second))
+	profiled := profile("receiver", metricsAddr)
+	defer func() { <-profiled }()
+
+	list := deliveries(ids("main", o.events), o.dups)
+	bodies := make([][]byte, len(list))
+	for i, id := range list {
+		bodies[i] = harness.Body(id)
+	}
+	sender := harness.NewSender("http://"+httpAddr, "whsec_bench", o.conc)
+	cpu := harness.ReadCPU("bench")
+	codes, lat, elapsed := send(sender, bodies, o.conc)
+	cores := harness.ReadCPU("bench").Since(cpu)
+	rps = float64(len(bodies)) / elapsed.Seconds()
+	p50, p99 = percentile(lat, .50), percentile(lat, .99)
+	_, peak := rcv.RSS()
+	rRSS = mib(peak)
+	fmt.Printf("receiver: %d requests in %s = %.0f/s, p50 %.1f ms, p99 %.1f ms, answers %v, peak RSS %.1f MiB\n  cores: %s\n",
+		len(bodies), elapsed.Round(time.Millisecond), rps, p50, p99, codes, rRSS, cores)
+	if codes[202]+codes[200] != len(bodies) {
+		check(fmt.Errorf("receiver answered %v: not every request was accepted", codes))
+	}
+	accepted := codes[202]
+
+	wRate, wUnique, wRSS = drainWith(ctx, s, accepted, o.events, splitEnv(o.workerEnv)...)
+	fmt.Printf("worker: %d deliveries settled at %.0f/s (%.0f unique/s), peak RSS %.1f MiB\n", accepted, wRate, wUnique, wRSS)
+	return rps, p50, p99, rRSS, wRate, wUnique, wRSS
+}
+
+// drainWith starts a worker with env and times it until it has settled
+// every delivery, then checks that the ledger holds unique events, none
+// twice, and the queue is empty; it returns deliveries/s, unique events/s
+// and the worker's peak RSS.
+//
+// The clock stops on what costs the cores it shares with the worker
+// least: the queue's ready count until it is zero, then the worker's own
+// settled count, which it reaches a prefetch later. Polling the ledger
+// instead (counting and grouping its rows every few milliseconds) cost
+// Postgres more CPU than the worker's writes, and scraping the worker all
+// along cost it several percent of a core.
+func drainWith(ctx context.Context, s *harness.Stack, delivered, unique int, env ...string) (rate, uniqueRate, rss float64) {
+	conn, err := amqp.Dial(s.AMQPURL)
+	check(err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	check(err)
+	metricsAddr := harness.FreeAddr()
+	w, err := s.Start("worker", "worker", s.Env(append([]string{"METRICS_ADDR=" + metricsAddr}, env...)...))
+	check(err)
+	defer w.Term(30 * time.Second)
+	// The clock starts when the worker reports that it consumes: its
+	// start-up (process, connections, topology) is the same for every
+	// configuration and is not throughput. Readiness is polled every
+	// millisecond so the clock starts close to it.
+	check(harness.WaitHTTPEvery("http://"+metricsAddr+"/readyz", 20*time.Second, time.Millisecond))
+	cpu := harness.ReadCPU("bench")
+	start := time.Now()
+	if delivered > 50_000 {
+		profiled := profile("worker", metricsAddr)
+		defer func() { <-profiled }()
+	}
+	for emptied := false; ; time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 30*time.Minute {
+			check(fmt.Errorf("worker did not finish in 30 minutes\nworker log:\n%s", w.Log()))
+		}
+		if !emptied {
+			q, err := ch.QueueDeclarePassive(broker.MainQueue, true, false, false, false, nil)
+			check(err)
+			emptied = q.Messages == 0
+			continue
+		}
+		if mfs, err := scrape(metricsAddr); err == nil && int(sum(mfs, "idempotent_events_worker_events_total")) >= delivered {
+			break
+		}
+	}
+	elapsed := time.Since(start).Seconds()
+	cores := harness.ReadCPU("bench").Since(cpu)
+	_, peak := w.RSS()
+	checkDrained(ctx, s, ch, unique)
+	printWorkerShape(metricsAddr)
+	fmt.Printf("  cores: %s\n", cores)
+	return float64(delivered) / elapsed, float64(unique) / elapsed, mib(peak)
+}
+
+// checkDrained fails the run unless the ledger holds unique events, none
+// twice, and nothing is left in events.main.
+func checkDrained(ctx context.Context, s *harness.Stack, ch *amqp.Channel, unique int) {
+	q, err := ch.QueueDeclarePassive(broker.MainQueue, true, false, false, false, nil)
+	check(err)
+	l, err := s.ReadLedger(ctx)
+	check(err)
+	if l.Payments != unique || l.Processed != unique || l.Doubled != 0 || q.Messages != 0 {
+		check(fmt.Errorf("after the worker settled every delivery: ledger %+v (want %d events, none doubled), %d left in %s",
+			l, unique, q.Messages, broker.MainQueue))
+	}
+}
+
+// scrape reads the metric families a process serves on metricsAddr.
+func scrape(metricsAddr string) (map[string]*dto.MetricFamily, error) {
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	return parser.TextToMetricFamilies(resp.Body)
+}
+
+// sum adds up every series of the counter name.
+func sum(mfs map[string]*dto.MetricFamily, name string) float64 {
+	var total float64
+	for _, m := range mfs[name].GetMetric() {
+		total += m.GetCounter().GetValue()
+	}
+	return total
+}
+
+// printWorkerShape prints the mean batch size, batch time and transaction
+// time the worker reports, which explain its throughput.
+func printWorkerShape(metricsAddr string) {
+	mfs, err := scrape(metricsAddr)
+	if err != nil {
+		return
+	}
+	mean := func(name string) (float64, uint64) {
+		mf := mfs[name]
+		if mf == nil || len(mf.GetMetric()) == 0 {
+			return 0, 0
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		if h.GetSampleCount() == 0 {
+			return 0, 0
+		}
+		return h.GetSampleSum() / float64(h.GetSampleCount()), h.GetSampleCount()
+	}
+	size, batches := mean("idempotent_events_worker_batch_size")
+	batchTime, _ := mean("idempotent_events_worker_batch_duration_seconds")
+	txTime, txs := mean("idempotent_events_worker_postgres_transaction_seconds")
+	fmt.Printf("  worker shape: %d batches of %.1f deliveries on average, %.1f ms per batch, %d transactions of %.1f ms\n",
+		batches, size, 1000*batchTime, txs, 1000*txTime)
+}
+
+// workerOnly publishes unique×(1+dups) events straight to the exchange, as
+// the receiver publishes them, then times a worker started with env
+// draining them.
+func workerOnly(ctx context.Context, binDir string, unique, dups int, env ...string) float64 {
+	s := newStack(ctx, binDir)
+	defer s.Close()
+	// The topology is the workers'; declare it before publishing.
+	conn, err := amqp.Dial(s.AMQPURL)
+	check(err)
+	defer conn.Close()
+	check(broker.Topology{QueueType: broker.QueueClassic, RetryDelays: []time.Duration{5 * time.Second, 30 * time.Second, 2 * time.Minute, 10 * time.Minute, time.Hour}, DeliveryLimit: 1000}.DeclareOn(conn))
+	cc, err := broker.OpenConfirmChannel(conn)
+	check(err)
+	list := deliveries(ids("small", unique), dups)
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for c := 0; c < 64; c++ {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(len(list)) {
+					return
+				}
+				body := harness.Body(list[i])
+				ev, err := event.Decode(body)
+				check(err)
+				check(cc.Publish(ctx, broker.Exchange, broker.RoutingKey, amqp.Publishing{
+					ContentType: "application/json", MessageId: list[i], Timestamp: time.Now(), Body: body,
+					Headers: amqp.Table{broker.HeaderSource: "stripe", broker.HeaderDigest: ev.DigestHex(), broker.HeaderReceivedAt: time.Now().UnixMilli()},
+				}))
+			}
+		})
+	}
+	wg.Wait()
+	_ = cc.Close()
+	rate, _, _ := drainWith(ctx, s, len(list), unique, env...)
+	return rate
+}
+
+// endToEnd runs receiver and worker together, offers o.rate unique events/s
+// for o.rateFor, and reads received -> committed latency from the ledger.
+func endToEnd(ctx context.Context, binDir string, o options) (p50, p99, httpP99, achieved, n, rRSS, wRSS float64) {
+	s := newStack(ctx, binDir)
+	defer s.Close()
+	httpAddr := harness.FreeAddr()
+	rcv, err := s.Start("receiver", "receiver", s.Env(append([]string{"WEBHOOK_SECRETS=whsec_bench", "HTTP_ADDR=" + httpAddr,
+		"METRICS_ADDR=" + harness.FreeAddr()}, splitEnv(o.receiverEnv)...)...))
+	check(err)
+	defer rcv.Term(30 * time.Second)
+	wrk, err := s.Start("worker", "worker", s.Env(append([]string{"METRICS_ADDR=" + harness.FreeAddr()}, splitEnv(o.workerEnv)...)...))
+	check(err)
+	defer wrk.Term(30 * time.Second)
+	check(harness.WaitHTTP("http://"+httpAddr+"/readyz", 20*time.Second))
+
+	total := int(float64(o.rate) * o.rateFor.Seconds())
+	list := ids("e2e", total)
+	sender := harness.NewSender("http://"+httpAddr, "whsec_bench", 256)
+	lat := make([]time.Duration, total)
+	codes := make([]int, total)
+	var wg sync.WaitGroup
+	interval := time.Second / time.Duration(o.rate)
+	start := time.Now()
+	for i := 0; i < total; i++ {
+		// Open loop: send on schedule whatever the answers' latency.
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Go(func() { codes[i], lat[i] = sender.Send(ctx, harness.Body(list[i])) })
+	}
+	wg.Wait()
+	achieved = float64(total) / time.Since(start).Seconds()
+	for _, c := range codes {
+		if c != 202 {
+			check(fmt.Errorf("end-to-end phase: an answer was %d", c))
+		}
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		l, err := s.ReadLedger(ctx)
+		check(err)
+		if l.Payments == total {
+			break
+		}
+		if time.Now().After(deadline) {
+			check(fmt.Errorf("end-to-end: only %d of %d committed", l.Payments, total))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	check(s.DB.QueryRow(ctx, `SELECT
+		1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY processed_at - received_at)),
+		1000 * extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY processed_at - received_at))
+		FROM processed_events`).Scan(&p50, &p99))
+	_, rp := rcv.RSS()
+	_, wp := wrk.RSS()
+	fmt.Printf("end to end: %d events at %.0f/s, received->committed p50 %.1f ms p99 %.1f ms, HTTP p99 %.1f ms\n",
+		total, achieved, p50, p99, percentile(lat, .99))
+	return p50, p99, percentile(lat, .99), achieved, float64(total), mib(rp), mib(wp)
+}

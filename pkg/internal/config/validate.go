@@ -1,0 +1,205 @@
+package config
+
+import (
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+)
+
+func (c *Connections) validate(p *problems, needRedis, needDB bool) {
+	if _, err := amqp.ParseURI(c.AMQPURL); err != nil {
+		p.add("AMQP_URL", "not a valid AMQP URL (%v)", err)
+	}
+	if needRedis {
+		if _, err := redis.ParseURL(c.RedisURL); err != nil {
+			p.add("REDIS_URL", "not a valid Redis URL (%v)", err)
+		}
+	}
+	if needDB {
+		validateDatabaseURL(p, c.DatabaseURL)
+	}
+	checkPositive(p, "AMQP_RECONNECT_MAX_BACKOFF", c.AMQPReconnectMaxBackoff)
+}
+
+func validateDatabaseURL(p *problems, url string) {
+	if url == "" {
+		p.add("DATABASE_URL", "must not be empty")
+		return
+	}
+	if _, err := pgconn.ParseConfig(url); err != nil {
+		// pgconn redacts passwords in its errors.
+		p.add("DATABASE_URL", "not a valid PostgreSQL connection string (%v)", err)
+	}
+}
+
+func (l *Logging) validate(p *problems) {
+	switch strings.ToLower(l.LogLevel) {
+	case "debug", "info", "warn", "error":
+	default:
+		p.add("LOG_LEVEL", "must be one of debug, info, warn, error, got %q", l.LogLevel)
+	}
+	switch l.LogFormat {
+	case "json", "console":
+	default:
+		p.add("LOG_FORMAT", "must be json or console, got %q", l.LogFormat)
+	}
+}
+
+func (t *Topology) validate(p *problems) {
+	switch t.QueueType {
+	case QueueClassic, QueueQuorum:
+	default:
+		p.add("QUEUE_TYPE", "must be classic or quorum, got %q", t.QueueType)
+	}
+	if len(t.RetryDelays) > 25 {
+		p.add("RETRY_DELAYS", "at most 25 retry attempts, got %d", len(t.RetryDelays))
+	}
+	for _, d := range t.RetryDelays {
+		// x-message-ttl is a 32-bit count of milliseconds.
+		if d < time.Millisecond || d > 24*24*time.Hour {
+			p.add("RETRY_DELAYS", "each delay must be between 1ms and 576h, got %s", d)
+			break
+		}
+	}
+	checkRange(p, "QUORUM_DELIVERY_LIMIT", int64(t.QuorumDeliveryLimit), 2, 1<<30)
+}
+
+func (d *Dedupe) validate(p *problems) {
+	if len(d.RedisKeyPrefix) > 64 {
+		p.add("REDIS_KEY_PREFIX", "at most 64 characters, got %d", len(d.RedisKeyPrefix))
+	}
+	if d.DedupeTTL < time.Second {
+		p.add("DEDUPE_TTL", "must be at least 1s, got %s", d.DedupeTTL)
+	}
+}
+
+func validateAddr(p *problems, name, addr string) {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		p.add(name, "must be host:port or :port, got %q", addr)
+	}
+}
+
+// Validate implements Spec.
+func (c *Receiver) Validate() error {
+	var p problems
+	switch c.DuplicateCheck {
+	case DuplicateCheckOff, DuplicateCheckRedis, DuplicateCheckPostgres:
+	default:
+		p.add("DUPLICATE_CHECK", "must be redis, postgres or off, got %q", c.DuplicateCheck)
+	}
+	c.Connections.validate(&p, c.DuplicateCheck != DuplicateCheckOff, c.DuplicateCheck == DuplicateCheckPostgres)
+	c.Logging.validate(&p)
+	c.Topology.validate(&p)
+	c.Dedupe.validate(&p)
+	validateAddr(&p, "HTTP_ADDR", c.HTTPAddr)
+	validateAddr(&p, "METRICS_ADDR", c.MetricsAddr)
+	if len(c.WebhookSecrets) == 0 && !c.InsecureSkipVerify {
+		p.add("WEBHOOK_SECRETS", "no signing secret set; set the provider's signing secret(s), comma-separated "+
+			"(or INSECURE_SKIP_SIGNATURE_VERIFICATION=true to accept unsigned, forgeable webhooks)")
+	}
+	if len(c.WebhookSecrets) > 0 && c.InsecureSkipVerify {
+		p.add("INSECURE_SKIP_SIGNATURE_VERIFICATION", "must not be set together with WEBHOOK_SECRETS")
+	}
+	c.Sources = c.parseSources(&p)
+	checkPositive(&p, "WEBHOOK_TOLERANCE", c.WebhookTolerance)
+	checkRange(&p, "WEBHOOK_MAX_BODY_BYTES", c.WebhookMaxBody, 1024, 64<<20)
+	checkPositive(&p, "PUBLISH_TIMEOUT", c.PublishTimeout)
+	checkRange(&p, "PUBLISH_CHANNELS", int64(c.PublishChannels), 1, 64)
+	checkRange(&p, "RECEIVER_MAX_IN_FLIGHT", int64(c.MaxInFlight), 1, 1<<20)
+	if c.RetryAfter < time.Second {
+		p.add("RECEIVER_RETRY_AFTER", "must be at least 1s, got %s", c.RetryAfter)
+	}
+	checkPositive(&p, "DUPLICATE_CHECK_TIMEOUT", c.DuplicateCheckTimeout)
+	checkPositive(&p, "SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
+	return p.err()
+}
+
+var sourceName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+
+// parseSources reads WEBHOOK_SOURCES and each source's secrets variable.
+func (c *Receiver) parseSources(p *problems) []Source {
+	var out []Source
+	seen := map[string]bool{}
+	for _, item := range c.WebhookSources {
+		name, scheme, ok := strings.Cut(item, ":")
+		switch {
+		case !ok:
+			p.add("WEBHOOK_SOURCES", "item %q is not name:scheme", item)
+			continue
+		case !sourceName.MatchString(name):
+			p.add("WEBHOOK_SOURCES", "source name %q must be 1-32 of a-z, 0-9 and -", name)
+			continue
+		case name == "payment" || name == "stripe":
+			p.add("WEBHOOK_SOURCES", "source name %q is reserved for the default Stripe route /webhooks/payment", name)
+			continue
+		case seen[name]:
+			p.add("WEBHOOK_SOURCES", "source %q is listed twice", name)
+			continue
+		}
+		seen[name] = true
+		src := Source{Name: name, Scheme: scheme, SecretsVar: "WEBHOOK_SECRETS_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))}
+		var secrets List
+		_ = secrets.Decode(os.Getenv(src.SecretsVar))
+		src.Secrets = secrets
+		if len(src.Secrets) == 0 && !c.InsecureSkipVerify {
+			p.add(src.SecretsVar, "no signing secret set for source %q", name)
+		}
+		out = append(out, src)
+	}
+	return out
+}
+
+// Validate implements Spec.
+func (c *Worker) Validate() error {
+	var p problems
+	c.Connections.validate(&p, true, true)
+	c.Logging.validate(&p)
+	c.Topology.validate(&p)
+	c.Dedupe.validate(&p)
+	c.Admin.validate(&p)
+	validateAddr(&p, "METRICS_ADDR", c.MetricsAddr)
+	checkRange(&p, "WORKER_PREFETCH", int64(c.Prefetch), 1, 65535)
+	checkRange(&p, "WORKER_REPLAY_PREFETCH", int64(c.ReplayPrefetch), 1, 1000)
+	checkRange(&p, "WORKER_CONCURRENCY", int64(c.Concurrency), 1, 256)
+	checkRange(&p, "WORKER_BATCH_SIZE", int64(c.BatchSize), 1, 10000)
+	if c.BatchWait < 0 {
+		p.add("WORKER_BATCH_WAIT", "must not be negative, got %s", c.BatchWait)
+	}
+	switch c.OutageMode {
+	case "pause", "retry":
+	default:
+		p.add("WORKER_OUTAGE_MODE", "must be pause or retry, got %q", c.OutageMode)
+	}
+	checkRange(&p, "DB_MAX_CONNS", int64(c.DBMaxConns), 1, 1000)
+	checkPositive(&p, "PROCESS_TIMEOUT", c.ProcessTimeout)
+	checkPositive(&p, "PUBLISH_TIMEOUT", c.PublishTimeout)
+	checkPositive(&p, "SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
+	switch c.RabbitMQManagementURL {
+	case "auto", "off":
+	default:
+		if u, err := url.Parse(c.RabbitMQManagementURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			p.add("RABBITMQ_MANAGEMENT_URL", "must be auto, off, or an http(s) URL")
+		}
+	}
+	if c.QueueStatsInterval < time.Second {
+		p.add("QUEUE_STATS_INTERVAL", "must be at least 1s, got %s", c.QueueStatsInterval)
+	}
+	return p.err()
+}
+
+// Validate implements Spec.
+func (c *Migrate) Validate() error {
+	var p problems
+	c.Logging.validate(&p)
+	validateDatabaseURL(&p, c.DatabaseURL)
+	checkPositive(&p, "MIGRATE_LOCK_TIMEOUT", c.LockTimeout)
+	checkPositive(&p, "MIGRATE_WAIT_TIMEOUT", c.WaitTimeout)
+	return p.err()
+}

@@ -1,0 +1,154 @@
+// Package faulttest is a TCP proxy that breaks on command, for tests that
+// need a dependency to fail the way networks do: connections cut mid-stream,
+// a service refusing connections for a while, added latency.
+//
+// It sits on 127.0.0.1 in front of a real service; the component under test
+// is pointed at the proxy's address instead of the service's.
+//
+// It is for tests only: no product package imports it
+// (pkg/internal/app/layers_test.go checks).
+package faulttest
+
+import (
+	"net"
+	"sync"
+	"time"
+)
+
+// Proxy forwards TCP connections to a target address.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+	down    bool
+	latency time.Duration
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+// Start listens on a free 127.0.0.1 port and forwards to target.
+func Start(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Go(p.accept)
+	return p, nil
+}
+
+// Addr is the proxy's host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Port is the proxy's port.
+func (p *Proxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
+
+// Cut closes every open connection; new ones are still accepted.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+// SetDown cuts every connection and, while down, closes new ones at once,
+// as a service that refuses connections would look to a client.
+func (p *Proxy) SetDown(down bool) {
+	p.mu.Lock()
+	p.down = down
+	p.mu.Unlock()
+	if down {
+		p.Cut()
+	}
+}
+
+// SetLatency delays every chunk forwarded in either direction by d.
+func (p *Proxy) SetLatency(d time.Duration) {
+	p.mu.Lock()
+	p.latency = d
+	p.mu.Unlock()
+}
+
+// Close stops the proxy and waits for its goroutines.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	_ = p.ln.Close()
+	p.Cut()
+	p.wg.Wait()
+}
+
+func (p *Proxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.down || p.closed {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		p.conns[c] = struct{}{}
+		p.mu.Unlock()
+		p.wg.Go(func() { p.serve(c) })
+	}
+}
+
+func (p *Proxy) serve(client net.Conn) {
+	defer p.forget(client)
+	upstream, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	if err != nil {
+		return
+	}
+	p.mu.Lock()
+	if p.down || p.closed {
+		p.mu.Unlock()
+		_ = upstream.Close()
+		return
+	}
+	p.conns[upstream] = struct{}{}
+	p.mu.Unlock()
+	defer p.forget(upstream)
+
+	var wg sync.WaitGroup
+	wg.Go(func() { p.pipe(upstream, client) })
+	wg.Go(func() { p.pipe(client, upstream) })
+	wg.Wait()
+}
+
+// pipe copies src to dst until either side fails, then closes both so the
+// other direction ends too.
+func (p *Proxy) pipe(dst, src net.Conn) {
+	defer func() { _ = dst.Close(); _ = src.Close() }()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			delay := p.latency
+			p.mu.Unlock()
+			if delay > 0 {
+				time.Sleep(delay)
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *Proxy) forget(c net.Conn) {
+	_ = c.Close()
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+}

@@ -1,0 +1,384 @@
+// Package harness runs the real idempotent-events binaries as separate
+// processes against the local services, for the benchmark
+// (pkg/internal/cmd/bench, make bench) and the chaos suite
+// (pkg/internal/cmd/chaos, make chaos): it builds the binaries as the image
+// does, gives a run its own vhost, schema and Redis prefix, starts, kills
+// and measures processes, sends signed events, and reads the ledger.
+//
+// Like the …test packages, it is for development only: no product package
+// imports it (pkg/internal/app/layers_test.go checks).
+package harness
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/event/eventtest"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/webhook"
+)
+
+// Build compiles the four binaries into dir with the image's flags.
+func Build(dir string) error {
+	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags", "-s -w", "-o", dir+"/", "./cmd/...")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// Stack is one run's slice of the services.
+type Stack struct {
+	BinDir      string
+	AMQPURL     string
+	DatabaseURL string
+	RedisURL    string
+	RedisPrefix string
+	DB          *pgxpool.Pool
+	drops       []func()
+}
+
+// NewStack creates a vhost, a migrated schema and a Redis prefix.
+func NewStack(ctx context.Context, binDir, name string) (*Stack, error) {
+	s := &Stack{BinDir: binDir, RedisURL: servicetest.RedisURL, RedisPrefix: servicetest.Name(name) + ":"}
+	var err error
+	var drop func()
+	if s.AMQPURL, drop, err = servicetest.NewVHost(name); err != nil {
+		return nil, err
+	}
+	s.drops = append(s.drops, drop)
+	if s.DatabaseURL, drop, err = servicetest.NewSchema(ctx, name); err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.drops = append(s.drops, drop)
+	if s.DB, err = pgxpool.New(ctx, s.DatabaseURL); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close removes everything the stack created.
+func (s *Stack) Close() {
+	if s.DB != nil {
+		s.DB.Close()
+	}
+	_ = servicetest.DeleteKeys(s.RedisURL, s.RedisPrefix)
+	for i := len(s.drops) - 1; i >= 0; i-- {
+		s.drops[i]()
+	}
+}
+
+// Env returns the environment for a binary of this stack: the machine's
+// environment without any variable the binaries read, the stack's
+// addresses, then extra (later entries win).
+func (s *Stack) Env(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if !configVar(name) {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "AMQP_URL="+s.AMQPURL, "DATABASE_URL="+s.DatabaseURL, "REDIS_URL="+s.RedisURL,
+		"REDIS_KEY_PREFIX="+s.RedisPrefix, "LOG_FORMAT=json", "LOG_LEVEL=info")
+	return append(env, extra...)
+}
+
+func configVar(name string) bool {
+	for _, p := range []string{"AMQP_", "REDIS_", "DATABASE_", "LOG_", "QUEUE_", "RETRY_", "QUORUM_", "DEDUPE_", "HTTP_",
+		"METRICS_", "WEBHOOK_", "INSECURE_", "PUBLISH_", "RECEIVER_", "DUPLICATE_", "SHUTDOWN_", "WORKER_", "DB_",
+		"PROCESS_", "MIGRATE_", "RABBITMQ_", "ADMIN_"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// FreeAddr returns a 127.0.0.1 address nobody listens on right now.
+func FreeAddr() string { return servicetest.FreeAddr() }
+
+// Proc is a running binary.
+type Proc struct {
+	Name   string
+	cmd    *exec.Cmd
+	log    *tail
+	exited chan struct{}
+	err    error
+}
+
+// Start runs bin from the stack's BinDir with env.
+func (s *Stack) Start(name, bin string, env []string) (*Proc, error) {
+	p := &Proc{Name: name, cmd: exec.Command(filepath.Join(s.BinDir, bin)), log: &tail{max: 200}, exited: make(chan struct{})}
+	p.cmd.Env = env
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
+	return p, nil
+}
+
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Exited is closed when the process has exited.
+func (p *Proc) Exited() <-chan struct{} { return p.exited }
+
+// Kill sends SIGKILL and waits for the exit.
+func (p *Proc) Kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.exited
+}
+
+// Term sends SIGTERM and returns the exit code, or -1 after timeout (the
+// process is then killed).
+func (p *Proc) Term(timeout time.Duration) int {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(timeout):
+		p.Kill()
+		return -1
+	}
+}
+
+// Log returns the last lines the process wrote.
+func (p *Proc) Log() string { return p.log.String() }
+
+// RSS returns the resident set size and its peak, in bytes, from /proc.
+func (p *Proc) RSS() (cur, peak int64) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.Pid()))
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), ":")
+		kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		switch k {
+		case "VmRSS":
+			cur = kb << 10
+		case "VmHWM":
+			peak = kb << 10
+		}
+	}
+	return cur, peak
+}
+
+// WaitHTTP polls url until it answers 200 or timeout passes.
+func WaitHTTP(url string, timeout time.Duration) error {
+	return servicetest.AwaitHTTP(url, http.StatusOK, timeout)
+}
+
+// WaitHTTPEvery is WaitHTTP asking every interval.
+func WaitHTTPEvery(url string, timeout, interval time.Duration) error {
+	return servicetest.PollHTTP(url, http.StatusOK, timeout, interval)
+}
+
+// tail keeps the last max lines written to it.
+type tail struct {
+	mu    sync.Mutex
+	max   int
+	lines []string
+	part  []byte
+}
+
+func (t *tail) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.part = append(t.part, b...)
+	for {
+		i := bytes.IndexByte(t.part, '\n')
+		if i < 0 {
+			break
+		}
+		t.lines = append(t.lines, string(t.part[:i]))
+		t.part = t.part[i+1:]
+		if len(t.lines) > t.max {
+			t.lines = t.lines[len(t.lines)-t.max:]
+		}
+	}
+	return len(b), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.Join(t.lines, "\n")
+}
+
+// Sender posts signed events to a receiver.
+type Sender struct {
+	URL    string
+	Secret string
+	Client *http.Client
+}
+
+// NewSender returns a sender with a keep-alive client sized for conc
+// concurrent requests.
+func NewSender(baseURL, secret string, conc int) *Sender {
+	tr := &http.Transport{MaxIdleConns: conc * 2, MaxIdleConnsPerHost: conc * 2, IdleConnTimeout: time.Minute}
+	return &Sender{URL: strings.TrimSuffix(baseURL, "/") + "/webhooks/payment", Secret: secret,
+		Client: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
+}
+
+// Body returns a Stripe payment event for id.
+func Body(id string) []byte {
+	b := eventtest.Payment(id, eventtest.Amount(4200))
+	return b
+}
+
+// Send signs body now and posts it; it returns the status code (0 when the
+// request failed at the transport) and the time it took.
+func (s *Sender) Send(ctx context.Context, body []byte) (int, time.Duration) {
+	start := time.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL, bytes.NewReader(body))
+	if err != nil {
+		return 0, 0
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(webhook.StripeHeader, webhook.SignStripe(s.Secret, start, body))
+	resp, err := s.Client.Do(req)
+	if err != nil {
+		return 0, time.Since(start)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, time.Since(start)
+}
+
+// Conn is one kept-alive HTTP/1.1 connection that posts signed events one
+// at a time: the request is written by hand and the answer read with the
+// standard library's response parser, without http.Client's pool and the
+// goroutine hand-offs of each request. A load generator of Conns leaves
+// more of the machine's cores to the receiver it measures.
+type Conn struct {
+	s    *Sender
+	host string
+	conn net.Conn
+	r    *bufio.Reader
+	w    *bufio.Writer
+}
+
+// Conn returns a connection of s; it dials on first use, and again after
+// any failure.
+func (s *Sender) Conn() *Conn {
+	u, err := url.Parse(s.URL)
+	if err != nil {
+		panic(err)
+	}
+	return &Conn{s: s, host: u.Host}
+}
+
+// Close closes the connection.
+func (c *Conn) Close() {
+	if c.conn != nil {
+		_ = c.conn.Close()
+		c.conn = nil
+	}
+}
+
+// Send signs body now and posts it; it returns the status code (0 when the
+// request failed at the transport) and the time it took.
+func (c *Conn) Send(body []byte) (int, time.Duration) {
+	start := time.Now()
+	code, err := c.send(start, body)
+	if err != nil {
+		c.Close()
+		return 0, time.Since(start)
+	}
+	return code, time.Since(start)
+}
+
+func (c *Conn) send(now time.Time, body []byte) (int, error) {
+	if c.conn == nil {
+		conn, err := net.DialTimeout("tcp", c.host, 5*time.Second)
+		if err != nil {
+			return 0, err
+		}
+		c.conn, c.r, c.w = conn, bufio.NewReader(conn), bufio.NewWriterSize(conn, 8192)
+	}
+	if err := c.conn.SetDeadline(now.Add(30 * time.Second)); err != nil {
+		return 0, err
+	}
+	path := strings.TrimPrefix(c.s.URL, "http://"+c.host)
+	fmt.Fprintf(c.w, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s: %s\r\nContent-Length: %d\r\n\r\n",
+		path, c.host, webhook.StripeHeader, webhook.SignStripe(c.s.Secret, now, body), len(body))
+	_, _ = c.w.Write(body)
+	if err := c.w.Flush(); err != nil {
+		return 0, err
+	}
+	resp, err := http.ReadResponse(c.r, nil)
+	if err != nil {
+		return 0, err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return 0, err
+	}
+	if resp.Close {
+		c.Close()
+	}
+	return resp.StatusCode, nil
+}
+
+// Ledger is what Postgres holds.
+type Ledger struct {
+	Payments, Processed, Doubled int
+}
+
+// ReadLedger counts payments, processed_events and event ids that appear
+// more than once (the design's invariant query).
+func (s *Stack) ReadLedger(ctx context.Context) (Ledger, error) {
+	var l Ledger
+	err := s.DB.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM payments),
+		(SELECT count(*) FROM processed_events),
+		(SELECT count(*) FROM (SELECT event_id FROM processed_events GROUP BY event_id HAVING COUNT(*) > 1) d)
+		+ (SELECT count(*) FROM (SELECT event_id FROM payments GROUP BY event_id HAVING COUNT(*) > 1) p)`).
+		Scan(&l.Payments, &l.Processed, &l.Doubled)
+	return l, err
+}
+
+// Missing returns the ids among want that have no payments row.
+func (s *Stack) Missing(ctx context.Context, want []string) ([]string, error) {
+	rows, err := s.DB.Query(ctx, `SELECT w.want FROM unnest($1::text[]) AS w(want)
+		WHERE NOT EXISTS (SELECT 1 FROM payments p WHERE p.event_id = w.want)`, want)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}

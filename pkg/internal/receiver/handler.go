@@ -1,0 +1,351 @@
+// Package receiver is the HTTP front of idempotent-events: it takes provider
+// webhooks, checks them, and hands them to RabbitMQ.
+//
+// The rule it keeps: no 2xx for an event the broker has not confirmed. A
+// request is answered 202 only after the publish was confirmed by the broker
+// and not returned as unroutable; any broker trouble (disconnected, flow
+// control, nack, return, timeout) is a 503 with Retry-After, so the provider
+// delivers again later. Bad input gets its documented 4xx with a JSON body
+// that says what is wrong, and nothing is published for it:
+//
+//	415 not JSON · 413 body too large · 401 missing, malformed, wrong or
+//	stale signature · 400 malformed JSON or a missing / ill-typed field
+//
+// The signature is verified on the raw bytes before anything parses them.
+// An event that Redis or Postgres already records as committed is answered
+// 200 {"status":"duplicate"} without a publish; if that lookup fails the
+// event is published, and the worker's dedupe decides.
+package receiver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/dedupe"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/event"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/httpserver"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/webhook"
+)
+
+// PaymentRoute is the Stripe webhook route.
+const PaymentRoute = "/webhooks/payment"
+
+// Publisher hands a message to the broker and returns nil only once the
+// broker has confirmed it.
+type Publisher interface {
+	Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error
+	Ready() bool
+}
+
+// DuplicateChecker returns the content digest of a committed event ("" when
+// it has not committed).
+type DuplicateChecker interface {
+	Committed(ctx context.Context, id string) (digest string, layer dedupe.Layer, redisErr, err error)
+}
+
+// Source is one webhook sender: a route, a signature scheme and its secrets.
+type Source struct {
+	// Name is the source's name: "stripe" for PaymentRoute, otherwise the
+	// {source} of /webhooks/{source}. It qualifies the dedupe key.
+	Name string
+	// Route is the path the source posts to.
+	Route string
+	// Scheme is the signature scheme, which also says where the event id is.
+	Scheme string
+	// Verifier checks signatures; nil accepts unsigned requests
+	// (INSECURE_SKIP_SIGNATURE_VERIFICATION).
+	Verifier webhook.Verifier
+}
+
+// Options configures a Handler.
+type Options struct {
+	// Sources are the routes served; PaymentRoute with Stripe's scheme is
+	// the default one.
+	Sources   []Source
+	Publisher Publisher
+	// Duplicates, when set, answers already-committed events without a
+	// publish.
+	Duplicates            DuplicateChecker
+	DuplicateCheckTimeout time.Duration
+	MaxBodyBytes          int64
+	PublishTimeout        time.Duration
+	RetryAfter            time.Duration
+	MaxInFlight           int
+	Logger                *zap.Logger
+	Metrics               *Metrics
+	Now                   func() time.Time
+}
+
+// Handler serves the receiver's routes.
+type Handler struct {
+	opts       Options
+	log        *zap.Logger
+	m          *Metrics
+	slots      chan struct{}
+	retryAfter string
+	mux        *http.ServeMux
+}
+
+func (o *Options) validate() error {
+	var problems []string
+	need := func(ok bool, field, what string) {
+		if !ok {
+			problems = append(problems, field+" "+what)
+		}
+	}
+	need(len(o.Sources) > 0, "Sources", "must name at least one route")
+	need(o.Publisher != nil, "Publisher", "is required")
+	need(o.Duplicates == nil || o.DuplicateCheckTimeout > 0, "DuplicateCheckTimeout", "must be positive with Duplicates")
+	need(o.MaxBodyBytes > 0, "MaxBodyBytes", "must be positive")
+	need(o.PublishTimeout > 0, "PublishTimeout", "must be positive")
+	need(o.RetryAfter >= time.Second, "RetryAfter", "must be at least 1s")
+	need(o.MaxInFlight >= 1, "MaxInFlight", "must be at least 1")
+	need(o.Metrics != nil, "Metrics", "is required")
+	if len(problems) > 0 {
+		return fmt.Errorf("receiver: %s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// NewHandler validates opts and returns the receiver's HTTP handler.
+func NewHandler(opts Options) (*Handler, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	h := &Handler{
+		opts:       opts,
+		log:        opts.Logger,
+		m:          opts.Metrics,
+		slots:      make(chan struct{}, opts.MaxInFlight),
+		retryAfter: strconv.Itoa(int((opts.RetryAfter + time.Second - 1) / time.Second)),
+		mux:        http.NewServeMux(),
+	}
+	for _, src := range opts.Sources {
+		h.mux.HandleFunc("POST "+src.Route, func(w http.ResponseWriter, r *http.Request) { h.webhook(w, r, src) })
+	}
+	h.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		httpserver.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	telemetry.HealthRoutes(h.mux, h.Ready)
+	return h, nil
+}
+
+// Ready is nil when the receiver can accept webhooks: the broker is
+// connected and not flow-controlled.
+func (h *Handler) Ready() error {
+	if !h.opts.Publisher.Ready() {
+		return errors.New("broker not connected or blocked")
+	}
+	return nil
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.mux.ServeHTTP(w, r)
+}
+
+// answer is the JSON body of every webhook response.
+type answer struct {
+	Status  string `json:"status,omitempty"`
+	EventID string `json:"event_id,omitempty"`
+	Error   string `json:"error,omitempty"`
+	Field   string `json:"field,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+func (h *Handler) respond(w http.ResponseWriter, src Source, code int, a answer) {
+	h.m.requests.WithLabelValues(src.Route, strconv.Itoa(code)).Inc()
+	if code == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", h.retryAfter)
+	}
+	httpserver.WriteJSON(w, code, a)
+}
+
+func (h *Handler) webhook(w http.ResponseWriter, r *http.Request, src Source) {
+	start := h.opts.Now()
+	defer func() { h.m.duration.Observe(time.Since(start).Seconds()) }()
+
+	if !isJSON(r.Header.Get("Content-Type")) {
+		h.respond(w, src, http.StatusUnsupportedMediaType, answer{Error: "unsupported_media_type", Message: "Content-Type must be application/json"})
+		return
+	}
+	tooBig := answer{Error: "body_too_large", Message: "body exceeds " + strconv.FormatInt(h.opts.MaxBodyBytes, 10) + " bytes"}
+	if r.ContentLength > h.opts.MaxBodyBytes {
+		h.respond(w, src, http.StatusRequestEntityTooLarge, tooBig)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBodyBytes))
+	if err != nil {
+		var maxErr *http.MaxBytesError
+		if errors.As(err, &maxErr) {
+			h.respond(w, src, http.StatusRequestEntityTooLarge, tooBig)
+			return
+		}
+		h.respond(w, src, http.StatusBadRequest, answer{Error: "unreadable_body", Message: "could not read the request body"})
+		return
+	}
+
+	// The slot is taken only once the body is in: a client that trickles
+	// its body (bounded by the server's read timeout) holds no slot, so slow
+	// clients cannot crowd out the requests waiting on the broker.
+	select {
+	case h.slots <- struct{}{}:
+		defer func() { <-h.slots }()
+	default:
+		// Shedding beats queueing: the provider retries, and memory stays bounded.
+		h.respond(w, src, http.StatusServiceUnavailable, answer{Error: "overloaded", Message: "too many requests in flight; retry later"})
+		return
+	}
+
+	if src.Verifier != nil {
+		idx, err := src.Verifier.Verify(r.Header, body)
+		if err != nil {
+			var verr *webhook.Error
+			errors.As(err, &verr)
+			h.m.signatureFailures.WithLabelValues(src.Name, string(verr.Reason)).Inc()
+			h.log.Info("webhook rejected: signature", zap.String("source", src.Name), zap.String("reason", string(verr.Reason)),
+				zap.String("remote", r.RemoteAddr))
+			h.respond(w, src, http.StatusUnauthorized, answer{Error: string(verr.Reason), Message: verr.Detail})
+			return
+		}
+		h.m.secretMatches.WithLabelValues(src.Name, strconv.Itoa(idx)).Inc()
+	}
+
+	providerID, typ := deliveryIdentity(src.Scheme, r.Header)
+	ev, err := event.Parse(src.Scheme, providerID, typ, body)
+	if err != nil {
+		var fe *event.FieldError
+		errors.As(err, &fe)
+		h.respond(w, src, http.StatusBadRequest, answer{Error: "invalid_event", Field: fe.Field, Message: fe.Problem})
+		return
+	}
+	providerID, key := ev.ID, event.Key(src.Name, ev.ID)
+
+	digest := ev.DigestHex()
+	conflict := false
+	if h.opts.Duplicates != nil {
+		switch stored := h.committedDigest(r.Context(), key); {
+		case stored == "":
+		case stored == digest:
+			h.respond(w, src, http.StatusOK, answer{Status: "duplicate", EventID: providerID})
+			return
+		default:
+			// Published all the same, so the worker records it in
+			// event_conflicts; it is never processed.
+			conflict = true
+		}
+	}
+
+	now := h.opts.Now()
+	msg := amqp.Publishing{
+		ContentType: "application/json",
+		MessageId:   key,
+		Type:        ev.Type,
+		Timestamp:   now,
+		Body:        body,
+		Headers: amqp.Table{
+			broker.HeaderSource:     src.Name,
+			broker.HeaderDigest:     digest,
+			broker.HeaderReceivedAt: now.UnixMilli(),
+		},
+	}
+	if src.Scheme != webhook.SchemeStripe {
+		msg.Headers[broker.HeaderScheme] = src.Scheme
+		msg.Headers[broker.HeaderEventID] = providerID
+		msg.Headers[broker.HeaderEventType] = ev.Type
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.opts.PublishTimeout)
+	defer cancel()
+	pubStart := time.Now()
+	err = h.opts.Publisher.Publish(ctx, broker.Exchange, broker.RoutingKey, msg)
+	h.m.publishSeconds.Observe(time.Since(pubStart).Seconds())
+	if err != nil {
+		h.m.publishFailures.WithLabelValues(publishFailure(err)).Inc()
+		h.log.Warn("publish failed; answering 503", zap.String("event_id", key), zap.Error(err))
+		h.respond(w, src, http.StatusServiceUnavailable, answer{Error: "broker_unavailable", EventID: providerID, Message: "event not accepted; retry later"})
+		return
+	}
+	if conflict {
+		h.m.conflicts.WithLabelValues(src.Name).Inc()
+		h.log.Warn("event id reused with different content", zap.String("source", src.Name), zap.String("event_id", key))
+		h.respond(w, src, http.StatusConflict, answer{Error: "event_id_conflict", EventID: providerID,
+			Message: "this event id was already processed with different content; this delivery is recorded for inspection and will not be processed"})
+		return
+	}
+	h.log.Debug("event accepted", zap.String("event_id", key), zap.String("type", ev.Type))
+	h.respond(w, src, http.StatusAccepted, answer{Status: "accepted", EventID: providerID})
+}
+
+// deliveryIdentity returns the event id and type a scheme sends in headers.
+func deliveryIdentity(scheme string, h http.Header) (id, typ string) {
+	switch scheme {
+	case webhook.SchemeStandard:
+		return h.Get(webhook.StandardIDHeader), ""
+	case webhook.SchemeGitHub:
+		return h.Get(webhook.GitHubDeliveryHeader), h.Get(webhook.GitHubEventHeader)
+	}
+	return "", ""
+}
+
+// committedDigest returns the content digest of key's committed event, or
+// "" when it has not committed or the lookup failed.
+func (h *Handler) committedDigest(ctx context.Context, key string) string {
+	ctx, cancel := context.WithTimeout(ctx, h.opts.DuplicateCheckTimeout)
+	defer cancel()
+	digest, layer, redisErr, err := h.opts.Duplicates.Committed(ctx, key)
+	if redisErr != nil {
+		h.m.dedupeErrors.WithLabelValues(string(dedupe.LayerRedis)).Inc()
+	}
+	if err != nil {
+		// Unknown is not "duplicate": publish and let the worker decide.
+		if err != redisErr {
+			h.m.dedupeErrors.WithLabelValues(string(dedupe.LayerPostgres)).Inc()
+		}
+		h.log.Debug("duplicate check failed; publishing", zap.String("event_id", key), zap.Error(err))
+		return ""
+	}
+	if digest != "" {
+		h.m.duplicates.WithLabelValues(string(layer)).Inc()
+	}
+	return digest
+}
+
+func publishFailure(err error) string {
+	switch {
+	case errors.Is(err, broker.ErrReturned):
+		return "returned"
+	case errors.Is(err, broker.ErrNacked):
+		return "nacked"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return "timeout"
+	}
+	return "unavailable"
+}
+
+func isJSON(contentType string) bool {
+	if contentType == "" {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || (len(mt) > 5 && mt[len(mt)-5:] == "+json")
+}

@@ -1,0 +1,260 @@
+// Package store writes the effects of events to Postgres, the only source of
+// truth of idempotent-events.
+//
+// Commit writes a batch of events in one transaction — a single statement:
+// the processed_events rows (event_id is the primary key) with INSERT … ON
+// CONFLICT DO NOTHING RETURNING, and the payments rows of exactly the
+// events that insert returned. An event whose ledger row already existed is
+// a duplicate and gets no second business row. The caller acks only after Commit returned, so a
+// crash anywhere before COMMIT leaves the message unacked (it is redelivered)
+// and a crash after COMMIT leaves a ledger row that makes the redelivery a
+// duplicate.
+//
+// Rows are inserted in event_id order, so two transactions that share events
+// lock them in the same order and cannot deadlock each other.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/event"
+)
+
+// Record is one event to commit.
+type Record struct {
+	Event  event.Event
+	Source string
+	// PayloadSHA256 is the digest of the body as the provider signed it.
+	PayloadSHA256 []byte
+	// ReceivedAt is when the receiver accepted the event.
+	ReceivedAt time.Time
+	// Attempt is the processing attempt, 1 for the first delivery.
+	Attempt int
+}
+
+// Store is a Postgres connection pool with the queries of the pipeline.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// Open connects a pool to databaseURL. maxConns of 0 keeps pgx's default.
+func Open(ctx context.Context, databaseURL string, maxConns int32) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	// A connection that sat idle through a network cut is found dead on first
+	// use; checking on acquire turns that into a fresh connection instead.
+	cfg.HealthCheckPeriod = 5 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create pool: %w", err)
+	}
+	return &Store{pool: pool}, nil
+}
+
+// Close closes every connection.
+func (s *Store) Close() { s.pool.Close() }
+
+// Ping checks that Postgres answers.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+// Pool exposes the pool for tests and tools.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// commitBatch writes a batch in one statement, which Postgres runs as one
+// transaction and the worker sends in one round trip: the ledger insert
+// returns the ids it inserted, and only those get a payments row. Payment
+// rows are passed for every record that has one; the filter on the ledger's
+// RETURNING is what keeps a duplicate from a second effect. processed_at
+// is the statement's clock, not now() (the transaction's start), so
+// received_at -> processed_at measures the pipeline's latency.
+const commitBatch = `
+WITH ledger AS (
+	INSERT INTO processed_events (event_id, source, event_type, payload_sha256, received_at, attempt, processed_at)
+	SELECT e.*, clock_timestamp()
+	FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::int[]) AS e
+	ORDER BY 1
+	ON CONFLICT (event_id) DO NOTHING
+	RETURNING event_id
+), effect AS (
+	INSERT INTO payments (event_id, payment_intent_id, event_type, amount_cents, currency, status, livemode, event_created_at)
+	SELECT p.*
+	FROM unnest($7::text[], $8::text[], $9::text[], $10::bigint[], $11::text[], $12::text[], $13::bool[], $14::timestamptz[])
+		AS p(event_id, payment_intent_id, event_type, amount_cents, currency, status, livemode, event_created_at)
+	WHERE p.event_id IN (SELECT event_id FROM ledger)
+	ORDER BY 1
+)
+SELECT event_id FROM ledger`
+
+// Commit writes recs in one transaction and reports, for each record in
+// order, whether it was new (true) or already processed (false). Records
+// must have distinct event ids. On error nothing was written.
+func (s *Store) Commit(ctx context.Context, recs []Record) ([]bool, error) {
+	n := len(recs)
+	if n == 0 {
+		return nil, nil
+	}
+	ids := make([]string, n)
+	sources := make([]string, n)
+	types := make([]string, n)
+	digests := make([][]byte, n)
+	received := make([]*time.Time, n)
+	attempts := make([]int32, n)
+	var p paymentColumns
+	for i := range recs {
+		r := &recs[i]
+		ids[i] = r.Event.ID
+		sources[i] = r.Source
+		types[i] = r.Event.Type
+		digests[i] = r.PayloadSHA256
+		if !r.ReceivedAt.IsZero() {
+			received[i] = &r.ReceivedAt
+		}
+		attempts[i] = int32(max(r.Attempt, 1))
+		p.add(&r.Event)
+	}
+	rows, err := s.pool.Query(ctx, commitBatch, ids, sources, types, digests, received, attempts,
+		p.ids, p.intents, p.types, p.amounts, p.currencies, p.statuses, p.livemodes, p.created)
+	if err != nil {
+		return nil, fmt.Errorf("commit %d events: %w", n, err)
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("commit %d events: %w", n, err)
+	}
+	slices.Sort(inserted)
+	isNew := make([]bool, n)
+	for i := range recs {
+		_, isNew[i] = slices.BinarySearch(inserted, recs[i].Event.ID)
+	}
+	return isNew, nil
+}
+
+type paymentColumns struct {
+	ids, intents, types, currencies, statuses []string
+	amounts                                   []int64
+	livemodes                                 []bool
+	created                                   []*time.Time
+}
+
+func (p *paymentColumns) add(ev *event.Event) {
+	if ev.Payment == nil {
+		return
+	}
+	p.ids = append(p.ids, ev.ID)
+	p.intents = append(p.intents, ev.Payment.IntentID)
+	p.types = append(p.types, ev.Type)
+	p.amounts = append(p.amounts, ev.Payment.AmountCents)
+	p.currencies = append(p.currencies, ev.Payment.Currency)
+	p.statuses = append(p.statuses, ev.Payment.Status)
+	p.livemodes = append(p.livemodes, ev.Livemode)
+	var created *time.Time
+	if !ev.Created.IsZero() {
+		created = &ev.Created
+	}
+	p.created = append(p.created, created)
+}
+
+// Digests returns, for each id in order, the hex content digest of its
+// committed event, or "" when it has not committed.
+func (s *Store) Digests(ctx context.Context, ids []string) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT event_id, encode(payload_sha256, 'hex') FROM processed_events WHERE event_id = ANY($1)`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("look up processed_events: %w", err)
+	}
+	found := map[string]string{}
+	var id, digest string
+	_, err = pgx.ForEachRow(rows, []any{&id, &digest}, func() error {
+		found[id] = digest
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("look up processed_events: %w", err)
+	}
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = found[id]
+	}
+	return out, nil
+}
+
+// Conflict is a delivery that reused a committed event's id with other
+// content.
+type Conflict struct {
+	EventID        string
+	Source         string
+	StoredDigest   []byte
+	ReceivedDigest []byte
+	Body           []byte
+	ReceivedAt     time.Time
+}
+
+// RecordConflicts keeps conflicting deliveries for inspection, once per
+// distinct content.
+func (s *Store) RecordConflicts(ctx context.Context, cs []Conflict) error {
+	batch := &pgx.Batch{}
+	for _, c := range cs {
+		var received *time.Time
+		if !c.ReceivedAt.IsZero() {
+			received = &c.ReceivedAt
+		}
+		batch.Queue(`INSERT INTO event_conflicts (event_id, source, stored_sha256, received_sha256, body, received_at)
+			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id, received_sha256) DO NOTHING`,
+			c.EventID, c.Source, c.StoredDigest, c.ReceivedDigest, c.Body, received)
+	}
+	if err := s.pool.SendBatch(ctx, batch).Close(); err != nil {
+		return fmt.Errorf("record %d conflicting deliveries: %w", len(cs), err)
+	}
+	return nil
+}
+
+// IsOutage reports whether err means Postgres could not be reached or
+// talked to — no answer at all, a cut connection, a timeout, or the server
+// refusing work while it starts, stops or is out of connections — as
+// opposed to an answer about the data. Waiting, not retrying elsewhere, is
+// the cure.
+func IsOutage(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return !errors.Is(err, context.Canceled)
+	}
+	switch {
+	case strings.HasPrefix(pgErr.Code, "08"), // connection_exception
+		pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutdowns, cannot_connect_now
+		pgErr.Code == "53300": // too_many_connections
+		return true
+	}
+	return false
+}
+
+// IsPermanent reports whether err is a problem with the data itself (SQLSTATE
+// class 22 data exception or 23 integrity violation), which no retry can fix.
+// Everything else (connection loss, timeouts, serialization failures, a
+// server shutting down) is transient.
+func IsPermanent(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23":
+		return true
+	}
+	return false
+}

@@ -1,0 +1,39 @@
+// Package service holds the entry points of the binaries in the
+// idempotent-events image: receiver, worker, migrate and eventsctl. Each
+// runs with the process's arguments and environment and returns the exit
+// status: 0 done, 1 failed, 2 invalid configuration or arguments.
+//
+// It is the public door to the product, whose parts live under pkg/internal
+// (the Go toolchain keeps them private to this module): cmd/ calls it, and
+// so can a team's own binary that embeds the same pipeline.
+package service
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/app"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/eventsctl"
+)
+
+// Receiver runs the receiver: it takes webhooks and publishes them to
+// RabbitMQ, answering 2xx only after the broker confirmed.
+func Receiver() int { return app.Receiver(os.Args[1:], os.Stdout, os.Stderr) }
+
+// Worker runs the worker: it consumes events.main and commits each event's
+// effect exactly once.
+func Worker() int { return app.Worker(os.Args[1:], os.Stdout, os.Stderr) }
+
+// Migrate applies the database migrations ("migrate" or "migrate up"), or
+// waits until another process has ("migrate wait").
+func Migrate() int { return app.Migrate(os.Args[1:], os.Stdout, os.Stderr) }
+
+// Eventsctl runs the operator's command line; SIGINT and SIGTERM cancel the
+// command in progress.
+func Eventsctl() int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return eventsctl.Main(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+}
