@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -12,26 +13,31 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
 )
 
-// Every variable a binary reads is documented in README with its default.
-func TestREADMEDocumentsEveryVariable(t *testing.T) {
-	readme, err := os.ReadFile("../../../README.md")
+// configurationPage is where every variable is documented with its default;
+// the README's Configuration section shows the few most set and links it.
+const configurationPage = "docs/configuration.md"
+
+// Every variable a binary reads is documented in docs/configuration.md (the
+// page the README links for configuration) with its default.
+func TestREADMEConfigurationPageDocumentsEveryVariable(t *testing.T) {
+	page, err := os.ReadFile(filepath.Join(repoRoot(t), configurationPage))
 	require.NoError(t, err)
 	for _, spec := range []any{config.Receiver{}, config.Worker{}, config.Migrate{}} {
 		for name, def := range variables(reflect.TypeOf(spec)) {
 			var rows []string
-			for _, line := range strings.Split(string(readme), "\n") {
+			for _, line := range strings.Split(string(page), "\n") {
 				if strings.HasPrefix(line, "| `"+name+"` | ") {
 					rows = append(rows, line)
 				}
 			}
-			if !assert.NotEmpty(t, rows, "README has no table row for %s", name) || def == "" {
+			if !assert.NotEmpty(t, rows, "%s has no table row for %s", configurationPage, name) || def == "" {
 				continue
 			}
 			documented := false
 			for _, line := range rows {
 				documented = documented || strings.Contains(line, "`"+def+"`") || strings.Contains(line, "as above")
 			}
-			assert.True(t, documented, "no README row of %s shows its default %q", name, def)
+			assert.True(t, documented, "no %s row of %s shows its default %q", configurationPage, name, def)
 		}
 	}
 }
@@ -51,4 +57,21 @@ func variables(t reflect.Type) map[string]string {
 		}
 	}
 	return out
+}
+
+// repoRoot is the directory holding go.mod, found upwards from the test's
+// working directory, so the documentation tests do not depend on how deep
+// their package sits.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	require.NoError(t, err)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		require.NotEqual(t, dir, parent, "no go.mod above the test's directory")
+		dir = parent
+	}
 }
