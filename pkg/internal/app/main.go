@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/dedupe"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/logging"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
 )
@@ -83,6 +84,7 @@ func (b binary) main(args []string, stdout, stderr io.Writer) int {
 			return ExitUsage
 		}
 	}
+	dedupe.SilenceClientLogs()
 	lc := config.LoggingOf(b.cfg)
 	log, err := logging.New(lc.LogLevel, lc.LogFormat)
 	if err != nil {

@@ -36,26 +36,44 @@ type Lookup interface {
 	Committed(ctx context.Context, id string) (string, error)
 }
 
-// Committed returns the content digest of id's committed event ("" when it
-// has not committed) and which layer knew. redisErr is set when Redis
-// failed but Postgres still answered.
-func (c Checker) Committed(ctx context.Context, id string) (digest string, layer Layer, redisErr, err error) {
+// Answer is what a Checker found out about one event.
+type Answer struct {
+	// Known is false when no layer could answer: the caller must go the
+	// safe way (publish, and let the worker decide).
+	Known bool
+	// Digest is the content digest of the committed event, "" when it has
+	// not committed.
+	Digest string
+	// Layer is where a committed event was recognised.
+	Layer Layer
+	// RedisErr and LedgerErr are the failures of the layers asked; Redis
+	// may fail while Postgres still answers.
+	RedisErr, LedgerErr error
+}
+
+// Committed returns whether id's event has committed, with which content,
+// and which layer knew.
+func (c Checker) Committed(ctx context.Context, id string) Answer {
+	var a Answer
 	if c.Cache != nil {
-		d, rerr := c.Cache.Committed(ctx, id)
-		if rerr == nil && d != "" {
-			return d, LayerRedis, nil, nil
+		d, err := c.Cache.Committed(ctx, id)
+		if err == nil && d != "" {
+			return Answer{Known: true, Digest: d, Layer: LayerRedis}
 		}
-		redisErr = rerr
+		a.RedisErr = err
 	}
 	if c.Ledger == nil {
-		return "", "", redisErr, redisErr
+		a.Known = a.RedisErr == nil
+		return a
 	}
 	found, err := c.Ledger.Digests(ctx, []string{id})
-	if err != nil {
-		return "", "", redisErr, err
+	switch {
+	case err != nil:
+		a.LedgerErr = err
+	case found[0] != "":
+		a.Known, a.Digest, a.Layer = true, found[0], LayerPostgres
+	default:
+		a.Known = true
 	}
-	if found[0] != "" {
-		return found[0], LayerPostgres, redisErr, nil
-	}
-	return "", "", redisErr, nil
+	return a
 }

@@ -1,18 +1,39 @@
 // Package dedupe is the Redis fast path in front of Postgres.
 //
-// Redis is a cache of one fact: "this event's transaction has committed,
-// with this content digest".
-// A key is written only after COMMIT (MarkCommitted), so a hit is always
-// true. A miss, an error, a timeout or an outage all mean "ask Postgres":
-// the fast path can make a duplicate cheaper, never make an event be skipped.
-// Keys expire after the configured TTL and may be evicted or lost on
+// Redis is a cache of one fact: "this event's transaction has committed in
+// this ledger, with this content digest". An entry is written only after
+// COMMIT (MarkCommitted), so a hit is true of the ledger that wrote it. A
+// miss, an error, a timeout or an outage all mean "ask Postgres": the fast
+// path can make a duplicate cheaper, never make an event be skipped.
+// Entries expire after the configured TTL and may be evicted or lost on
 // failover at any time; nothing depends on them being there.
+//
+// # Redis outliving the ledger
+//
+// Redis may keep entries of a ledger that is gone: the database was dropped
+// and created again, restored from a backup, or a standby that lacks the
+// last commits was promoted. Taken at their word, those entries would make
+// the receiver answer "duplicate" for an event the ledger does not have,
+// and the event would be lost. So every entry is tagged with the epoch of
+// the ledger it was written for (store.Epoch, read from Postgres), and
+// answers only while Redis holds the same epoch under the epoch key.
+//
+// Only the worker, which reads the epoch from Postgres, vouches for it
+// (Vouch): at start, after every outage, and every few seconds, as a lease
+// that expires on its own. When the worker cannot read the epoch it
+// withdraws it (Withdraw), and while no epoch is vouched every lookup is a
+// miss. A lookup reads the epoch key and the entries in one MGET, so the
+// receiver needs no Postgres connection to apply the rule. The one window
+// left: after the ledger changes and before the next refresh (seconds),
+// an entry of the old ledger can still answer.
 package dedupe
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,13 +41,18 @@ import (
 
 // Cache remembers committed event ids in Redis.
 type Cache struct {
-	rdb    *redis.Client
-	prefix string
-	ttl    time.Duration
+	rdb      *redis.Client
+	prefix   string
+	epochKey string
+	ttl      time.Duration
+	// vouched is the epoch this Cache last vouched for; MarkCommitted tags
+	// entries with it.
+	vouched atomic.Pointer[string]
 }
 
-// Open connects to redisURL. Keys are prefix + "processed:" + event id and
-// live for ttl.
+// Open connects to redisURL. Entries are prefix + "committed:" + event id,
+// live for ttl and hold "<epoch>:<digest>"; the epoch key is prefix +
+// "ledger-epoch".
 func Open(redisURL, prefix string, ttl time.Duration) (*Cache, error) {
 	opts, err := redis.ParseURL(redisURL)
 	if err != nil {
@@ -40,7 +66,7 @@ func Open(redisURL, prefix string, ttl time.Duration) (*Cache, error) {
 	opts.MaxRetries = 0
 	opts.DialerRetries = 1
 	opts.ContextTimeoutEnabled = true
-	return &Cache{rdb: redis.NewClient(opts), prefix: prefix + "processed:", ttl: ttl}, nil
+	return &Cache{rdb: redis.NewClient(opts), prefix: prefix + "committed:", epochKey: prefix + "ledger-epoch", ttl: ttl}, nil
 }
 
 // Close closes the client.
@@ -52,28 +78,38 @@ func (c *Cache) Client() *redis.Client { return c.rdb }
 // Key is the Redis key of an event id.
 func (c *Cache) Key(id string) string { return c.prefix + id }
 
+// EpochKey is the Redis key of the vouched epoch.
+func (c *Cache) EpochKey() string { return c.epochKey }
+
 // Committed returns, for each id in order, the content digest Redis holds
-// for its committed event, or "" when Redis holds nothing, in one round
-// trip. On error the caller must treat every id as a miss.
+// for its committed event, or "" when Redis holds nothing for the vouched
+// epoch, in one round trip. With no epoch vouched every id is a miss. On
+// error the caller must treat every id as a miss.
 func (c *Cache) Committed(ctx context.Context, ids []string) ([]string, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	keys := make([]string, len(ids))
+	keys := make([]string, len(ids)+1)
+	keys[0] = c.epochKey
 	for i, id := range ids {
-		keys[i] = c.Key(id)
+		keys[i+1] = c.Key(id)
 	}
 	vals, err := c.rdb.MGet(ctx, keys...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("redis MGET: %w", err)
 	}
-	if len(vals) != len(ids) {
+	if len(vals) != len(keys) {
 		return nil, errors.New("redis MGET: answer has the wrong length")
 	}
 	out := make([]string, len(ids))
-	for i, v := range vals {
-		if s, ok := v.(string); ok {
-			out[i] = s
+	epoch, _ := vals[0].(string)
+	if epoch == "" {
+		return out, nil
+	}
+	for i, v := range vals[1:] {
+		s, _ := v.(string)
+		if e, digest, ok := strings.Cut(s, ":"); ok && e == epoch {
+			out[i] = digest
 		}
 	}
 	return out, nil
@@ -85,15 +121,18 @@ type Entry struct {
 	Digest string
 }
 
-// MarkCommitted records entries as committed. Call it only after the
-// transaction that wrote their ledger rows has committed.
+// MarkCommitted records entries as committed, tagged with the epoch this
+// Cache vouched for last. Call it only after the transaction that wrote
+// their ledger rows has committed. Before the first Vouch it writes
+// nothing: no lookup could trust it.
 func (c *Cache) MarkCommitted(ctx context.Context, entries []Entry) error {
-	if len(entries) == 0 {
+	epoch := c.vouched.Load()
+	if len(entries) == 0 || epoch == nil {
 		return nil
 	}
 	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, e := range entries {
-			p.Set(ctx, c.Key(e.ID), e.Digest, c.ttl)
+			p.Set(ctx, c.Key(e.ID), *epoch+":"+e.Digest, c.ttl)
 		}
 		return nil
 	})
@@ -103,10 +142,37 @@ func (c *Cache) MarkCommitted(ctx context.Context, entries []Entry) error {
 	return nil
 }
 
-// quiet drops go-redis's own log lines: every Redis failure the pipeline
-// cares about is returned to it, counted and logged once by the caller.
+// Vouch states that the ledger's epoch is epoch, for lease: lookups trust
+// the entries of that epoch until the lease ends or another epoch is
+// vouched. Only a process that has just read epoch from Postgres may call
+// it.
+func (c *Cache) Vouch(ctx context.Context, epoch string, lease time.Duration) error {
+	if epoch == "" || strings.Contains(epoch, ":") {
+		return fmt.Errorf("vouch for epoch %q: not an epoch", epoch)
+	}
+	c.vouched.Store(&epoch)
+	if err := c.rdb.Set(ctx, c.epochKey, epoch, lease).Err(); err != nil {
+		return fmt.Errorf("redis SET %s: %w", c.epochKey, err)
+	}
+	return nil
+}
+
+// Withdraw removes the vouched epoch, so every lookup is a miss until the
+// next Vouch: what a process does when it cannot read the epoch.
+func (c *Cache) Withdraw(ctx context.Context) error {
+	if err := c.rdb.Del(ctx, c.epochKey).Err(); err != nil {
+		return fmt.Errorf("redis DEL %s: %w", c.epochKey, err)
+	}
+	return nil
+}
+
+// quiet drops go-redis's own log lines.
 type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
 
-func init() { redis.SetLogger(quiet{}) }
+// SilenceClientLogs stops go-redis from writing log lines of its own: every
+// Redis failure the pipeline cares about is returned to it, counted and
+// logged once by the caller. The binaries call it once at start (it sets a
+// global of the library).
+func SilenceClientLogs() { redis.SetLogger(quiet{}) }

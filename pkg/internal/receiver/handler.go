@@ -49,10 +49,10 @@ type Publisher interface {
 	Ready() bool
 }
 
-// DuplicateChecker returns the content digest of a committed event ("" when
-// it has not committed).
+// DuplicateChecker tells whether an event has committed, and with which
+// content digest; *dedupe.Checker is the real one.
 type DuplicateChecker interface {
-	Committed(ctx context.Context, id string) (digest string, layer dedupe.Layer, redisErr, err error)
+	Committed(ctx context.Context, id string) dedupe.Answer
 }
 
 // Source is one webhook sender: a route, a signature scheme and its secrets.
@@ -309,22 +309,23 @@ func deliveryIdentity(scheme string, h http.Header) (id, typ string) {
 func (h *Handler) committedDigest(ctx context.Context, key string) string {
 	ctx, cancel := context.WithTimeout(ctx, h.opts.DuplicateCheckTimeout)
 	defer cancel()
-	digest, layer, redisErr, err := h.opts.Duplicates.Committed(ctx, key)
-	if redisErr != nil {
+	a := h.opts.Duplicates.Committed(ctx, key)
+	if a.RedisErr != nil {
 		h.m.dedupeErrors.WithLabelValues(string(dedupe.LayerRedis)).Inc()
 	}
-	if err != nil {
+	if a.LedgerErr != nil {
+		h.m.dedupeErrors.WithLabelValues(string(dedupe.LayerPostgres)).Inc()
+	}
+	if !a.Known {
 		// Unknown is not "duplicate": publish and let the worker decide.
-		if err != redisErr {
-			h.m.dedupeErrors.WithLabelValues(string(dedupe.LayerPostgres)).Inc()
-		}
-		h.log.Debug("duplicate check failed; publishing", zap.String("event_id", key), zap.Error(err))
+		h.log.Debug("duplicate check failed; publishing", zap.String("event_id", key),
+			zap.NamedError("redis_error", a.RedisErr), zap.NamedError("ledger_error", a.LedgerErr))
 		return ""
 	}
-	if digest != "" {
-		h.m.duplicates.WithLabelValues(string(layer)).Inc()
+	if a.Digest != "" {
+		h.m.duplicates.WithLabelValues(string(a.Layer)).Inc()
 	}
-	return digest
+	return a.Digest
 }
 
 func publishFailure(err error) string {

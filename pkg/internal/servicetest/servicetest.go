@@ -82,7 +82,7 @@ func NewVHost(prefix string) (string, func(), error) {
 		drop = func() { _ = rabbitAPI(http.MethodDelete, "/api/vhosts/"+name, nil) }
 	} else {
 		if out, cerr := exec.Command("rabbitmqctl", "add_vhost", name).CombinedOutput(); cerr != nil {
-			return "", nil, fmt.Errorf("create vhost: management API failed (%v) and rabbitmqctl failed: %s", err, out)
+			return "", nil, fmt.Errorf("create vhost: management API failed (%w) and rabbitmqctl failed: %s", err, out)
 		}
 		if out, cerr := exec.Command("rabbitmqctl", "set_permissions", "-p", name, apiUser(), ".*", ".*", ".*").CombinedOutput(); cerr != nil {
 			return "", nil, fmt.Errorf("set permissions: %s", out)
@@ -95,12 +95,6 @@ func NewVHost(prefix string) (string, func(), error) {
 	}
 	u.Path = "/" + name
 	return u.String(), drop, nil
-}
-
-// VHostOf returns the vhost name of an AMQP URL made by VHost.
-func VHostOf(amqpURL string) string {
-	u, _ := url.Parse(amqpURL)
-	return strings.TrimPrefix(u.Path, "/")
 }
 
 func apiUser() string {
@@ -188,6 +182,28 @@ func NewSchema(ctx context.Context, prefix string) (string, func(), error) {
 		return "", nil, fmt.Errorf("migrate schema %s: %w", name, err)
 	}
 	return dbURL, drop, nil
+}
+
+// Recreate drops the schema dbURL selects (from Schema) with everything in
+// it and creates and migrates it again, under the same name: to the ledger
+// this is what dropping and recreating the database is.
+func Recreate(t testing.TB, dbURL string) {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	name := u.Query().Get("search_path")
+	require.NotEmpty(t, name, "not a URL from Schema: %s", dbURL)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, DatabaseURL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close(ctx) }()
+	_, err = conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE")
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize())
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, dbURL, time.Minute)
+	require.NoError(t, err)
 }
 
 // WithSearchPath returns databaseURL with its search_path set to schema.

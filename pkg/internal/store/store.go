@@ -71,6 +71,30 @@ func (s *Store) Close() { s.pool.Close() }
 // Ping checks that Postgres answers.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 
+// epochQuery names the ledger this pool writes to. It changes when any part
+// changes: the ledger's own identity (a new one when the schema is created,
+// or set by hand after a snapshot restore), the table (dropped and created
+// again, or restored by pg_restore), the database (recreated, or restored
+// into a new one), the cluster (initdb), and the WAL timeline (a standby
+// promoted, a point-in-time recovery). pg_current_wal_lsn fails on a
+// standby: an epoch is only read from a primary.
+const epochQuery = `
+SELECT left(md5(concat_ws('/', l.id, 'processed_events'::regclass::oid, d.oid, s.system_identifier,
+	substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))), 16)
+FROM ledger_identity l, pg_database d, pg_control_system() s
+WHERE d.datname = current_database()`
+
+// Epoch returns the ledger's epoch: 16 hex digits that stay the same for as
+// long as this is the same ledger with the same history, and differ for
+// any other. Redis entries are tagged with it (see package dedupe).
+func (s *Store) Epoch(ctx context.Context) (string, error) {
+	var epoch string
+	if err := s.pool.QueryRow(ctx, epochQuery).Scan(&epoch); err != nil {
+		return "", fmt.Errorf("read the ledger epoch: %w", err)
+	}
+	return epoch, nil
+}
+
 // Pool exposes the pool for tests and tools.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 

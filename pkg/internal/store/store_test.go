@@ -88,7 +88,7 @@ func TestConcurrentOverlappingBatches(t *testing.T) {
 				recs[i] = record(ids[j], 1)
 			}
 			isNew, err := st.Commit(ctx, recs)
-			assert.NoError(t, err)
+			assert.NoError(t, err) //nolint:testifylint // on a goroutine of wg.Go: require (FailNow) must not run here
 			mu.Lock()
 			defer mu.Unlock()
 			for i, n := range isNew {
@@ -140,4 +140,38 @@ func TestConflictsAreRecordedOncePerContent(t *testing.T) {
 	var n int
 	require.NoError(t, st.Pool().QueryRow(ctx, "SELECT count(*) FROM event_conflicts WHERE event_id='evt_c'").Scan(&n))
 	assert.Equal(t, 2, n)
+}
+
+// The epoch names one ledger: the same on every read while the ledger is
+// the same; different for another ledger, for the same one dropped and
+// created again (to the ledger, a recreated database), and after its
+// identity is renewed by hand (what the runbook says to do after restoring
+// a snapshot of the database's own volume).
+func TestTheEpochNamesOneLedger(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := servicetest.Schema(t)
+	st, err := store.Open(ctx, dbURL, 2)
+	require.NoError(t, err)
+	defer st.Close()
+	epoch := func(st *store.Store) string {
+		t.Helper()
+		e, err := st.Epoch(ctx)
+		require.NoError(t, err)
+		require.Regexp(t, `^[0-9a-f]{16}$`, e)
+		return e
+	}
+	first := epoch(st)
+	assert.Equal(t, first, epoch(st))
+
+	other := open(t)
+	assert.NotEqual(t, first, epoch(other), "another ledger")
+
+	servicetest.Recreate(t, dbURL)
+	recreated := epoch(st)
+	assert.NotEqual(t, first, recreated, "the same ledger dropped and created again")
+
+	_, err = st.Pool().Exec(ctx, "UPDATE ledger_identity SET id = gen_random_uuid()")
+	require.NoError(t, err)
+	assert.NotEqual(t, recreated, epoch(st), "identity renewed by hand")
 }

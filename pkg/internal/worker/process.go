@@ -22,12 +22,16 @@ type Ledger interface {
 	Digests(ctx context.Context, ids []string) ([]string, error)
 	RecordConflicts(ctx context.Context, cs []store.Conflict) error
 	Ping(ctx context.Context) error
+	// Epoch names the ledger; see store.Epoch.
+	Epoch(ctx context.Context) (string, error)
 }
 
 // Cache is the Redis fast path; *dedupe.Cache is the real one.
 type Cache interface {
 	Committed(ctx context.Context, ids []string) ([]string, error)
 	MarkCommitted(ctx context.Context, entries []dedupe.Entry) error
+	Vouch(ctx context.Context, epoch string, lease time.Duration) error
+	Withdraw(ctx context.Context) error
 }
 
 // Hook runs at a point of processing with the event ids of the batch. A
@@ -221,7 +225,7 @@ func (w *Worker) failed(msgs []*message, err error) error {
 		m.res = decide(err, m.attempt, w.policy())
 	}
 	if len(msgs) > 0 && msgs[0].res.Outcome == Requeue {
-		return fmt.Errorf("%w: %v", errDependencyDown, err)
+		return fmt.Errorf("%w: %w", errDependencyDown, err)
 	}
 	return nil
 }
@@ -390,7 +394,7 @@ func runHook(h Hook, msgs []*message) error {
 		ids[i] = m.key
 	}
 	if err := h(ids); err != nil {
-		return fmt.Errorf("%w: %v", errAbandoned, err)
+		return fmt.Errorf("%w: %w", errAbandoned, err)
 	}
 	return nil
 }

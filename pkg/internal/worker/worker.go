@@ -81,6 +81,7 @@ type Worker struct {
 	log       *zap.Logger
 	m         *Metrics
 	consuming atomic.Bool
+	epoch     epochState
 }
 
 // New validates opts and returns a Worker.
@@ -100,9 +101,16 @@ func (w *Worker) Ready() error {
 }
 
 // Run consumes until ctx is done, reconnecting whenever the connection is
-// lost, then drains in-flight work within ShutdownTimeout.
+// lost, then drains in-flight work within ShutdownTimeout. Beside it, the
+// worker renews its vouch for the ledger's epoch (see epoch.go).
 func (w *Worker) Run(ctx context.Context) error {
-	return broker.Supervise(ctx, w.opts.Dialer, w.log.Named("broker"), w.m.Broker.State, w.serve)
+	epochCtx, stopEpoch := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { w.keepVouching(epochCtx) })
+	err := broker.Supervise(ctx, w.opts.Dialer, w.log.Named("broker"), w.m.Broker.State, w.serve)
+	stopEpoch()
+	wg.Wait()
+	return err
 }
 
 // session is everything that belongs to one connection.
@@ -195,6 +203,10 @@ func (w *Worker) awaitDependencies(ctx context.Context) bool {
 				w.log.Info("postgres is back: resuming consumption")
 				w.m.paused.Set(0)
 			}
+			// Before the first message of a round, and after every outage
+			// (the database may have been recreated, or another primary
+			// promoted), Redis learns which ledger its entries must be of.
+			w.vouch(ctx)
 			return true
 		}
 		if ctx.Err() != nil {
