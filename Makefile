@@ -32,9 +32,8 @@ browser: ## Install Debian's headless Chromium for the DLQ page's browser test (
 	@hack/install-browser.sh || { if [ -n "$${CI:-}" ]; then exit 1; fi; echo "browser: not installed; the browser test will try again and skip if it cannot"; }
 
 .PHONY: lint
-lint: ## gofmt and go vet
-	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
+lint: ## gofmt and golangci-lint (.golangci.yaml; pinned, built into bin/ on first use)
+	hack/lint.sh
 
 .PHONY: check
 check: services lint ## The edit loop: lint, then the Go tests without the slow suites (-short: no binaries built, no browser)

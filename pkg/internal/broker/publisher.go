@@ -166,7 +166,7 @@ func (c *ConfirmChannel) Publish(ctx context.Context, exchange, key string, msg 
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	c.mu.Lock()
 	if ack, ok := c.early[dc.DeliveryTag]; ok {

@@ -2,7 +2,6 @@ package broker_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -99,9 +98,9 @@ func TestConcurrentPublishesMatchReturnsToTheirPublish(t *testing.T) {
 	routed := 0
 	for i, err := range errs {
 		if i%3 == 0 {
-			assert.ErrorIs(t, err, broker.ErrReturned, "publish %d", i)
+			require.ErrorIs(t, err, broker.ErrReturned, "publish %d", i)
 		} else {
-			assert.NoError(t, err, "publish %d", i)
+			require.NoError(t, err, "publish %d", i)
 			routed++
 		}
 	}
@@ -158,7 +157,7 @@ func TestTopologyConflictNamesTheQueue(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "events.main")
 	var aerr *amqp.Error
-	assert.True(t, errors.As(err, &aerr))
+	assert.ErrorAs(t, err, &aerr)
 }
 
 // Retry tier queues hold a message for their TTL, then dead-letter it back

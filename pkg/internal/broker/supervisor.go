@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"os"
 	"time"
 
@@ -101,20 +100,5 @@ func Supervise(ctx context.Context, d Dialer, log *zap.Logger, onState func(conn
 			return nil
 		}
 		wait = min(wait*2, maxBackoff)
-	}
-}
-
-// WaitClosed blocks until conn is closed, returning the broker's reason, or
-// until ctx is done.
-func WaitClosed(ctx context.Context, conn *amqp.Connection) error {
-	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	select {
-	case <-ctx.Done():
-		return nil
-	case err, ok := <-closed:
-		if ok && err != nil {
-			return err
-		}
-		return errors.New("connection closed")
 	}
 }

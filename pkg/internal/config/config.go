@@ -191,12 +191,6 @@ func Load(spec Spec) error {
 	return spec.Validate()
 }
 
-// Invalid returns an *Error with one problem: the variable name and what is
-// wrong with its value (never the value of a sensitive variable).
-func Invalid(name, format string, args ...any) *Error {
-	return &Error{Problems: []Problem{{Var: name, Msg: fmt.Sprintf(format, args...)}}}
-}
-
 // Problem is one invalid variable.
 type Problem struct {
 	Var string

@@ -1,7 +1,6 @@
 package config_test
 
 import (
-	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -128,7 +127,7 @@ func requireNotEchoed(t *testing.T, name, value, secret string) {
 func requireProblem(t *testing.T, err error, variable string) {
 	t.Helper()
 	var cerr *config.Error
-	require.True(t, errors.As(err, &cerr), "want *config.Error, got %v", err)
+	require.ErrorAs(t, err, &cerr)
 	for _, p := range cerr.Problems {
 		if p.Var == variable {
 			assert.Contains(t, err.Error(), "invalid configuration: "+variable+": ")

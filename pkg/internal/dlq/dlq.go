@@ -101,12 +101,6 @@ func New(opts Options) *Client {
 	}
 }
 
-// Rate is the replay rate limit in messages per second.
-func (c *Client) Rate() float64 { return c.opts.Rate }
-
-// ScanLimit is the number of messages one pass reads at most.
-func (c *Client) ScanLimit() int { return c.opts.ScanLimit }
-
 // Listing is what List saw.
 type Listing struct {
 	// Messages are the matches, in queue order, at most the limit asked for.

@@ -104,7 +104,7 @@ func TestListAndShowLeaveEveryMessageInPlace(t *testing.T) {
 	assert.Equal(t, bodyB, m.Body)
 	assert.Equal(t, "retries_exhausted", m.Headers[broker.HeaderDLQReason])
 	_, err = cl.Show(ctx(t), "ffffffffffffffff")
-	assert.ErrorIs(t, err, dlq.ErrNotFound)
+	require.ErrorIs(t, err, dlq.ErrNotFound)
 
 	short, err := client(t, p, scanLimit(2)).List(ctx(t), dlq.Filter{}, 0)
 	require.NoError(t, err)
@@ -229,13 +229,13 @@ func TestMutationsNeedASelectionAnOperatorAndTheAudit(t *testing.T) {
 	p := pipelinetest.New(t)
 	p.PutInDLQ("evt_a", "panic", p.Event("evt_a"), time.Now())
 	_, err := client(t, p).Replay(ctx(t), dlq.Request{Actor: alice()})
-	assert.ErrorIs(t, err, dlq.ErrNoSelection)
+	require.ErrorIs(t, err, dlq.ErrNoSelection)
 	_, err = client(t, p).Discard(ctx(t), dlq.Request{Filter: dlq.Filter{All: true}})
-	assert.ErrorIs(t, err, dlq.ErrNoOperator)
+	require.ErrorIs(t, err, dlq.ErrNoOperator)
 	_, err = client(t, p, withoutAudit()).Discard(ctx(t), dlq.Request{Filter: dlq.Filter{All: true}, Actor: alice()})
-	assert.ErrorIs(t, err, dlq.ErrNoAudit)
+	require.ErrorIs(t, err, dlq.ErrNoAudit)
 	_, err = client(t, p).Replay(ctx(t), dlq.Request{Filter: dlq.Filter{OlderThan: 2 * time.Hour, NewerThan: time.Hour}, Actor: alice()})
-	assert.ErrorIs(t, err, dlq.ErrInvalidFilter)
+	require.ErrorIs(t, err, dlq.ErrInvalidFilter)
 	rep, err := client(t, p).Replay(ctx(t), dlq.Request{Filter: ids("0000000000000000"), Actor: alice()})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"0000000000000000"}, rep.NotFound)
@@ -305,7 +305,7 @@ func TestConcurrentOperatorsActOnEachMessageOnce(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		wg.Go(func() {
 			rep, err := client(t, p, scanLimit(7)).Replay(ctx(t), dlq.Request{Filter: dlq.Filter{All: true}, Actor: alice()})
-			assert.NoError(t, err)
+			assert.NoError(t, err) //nolint:testifylint // on a goroutine of wg.Go: require (FailNow) must not run here
 			replayed.Add(int64(rep.Count(dlq.OutcomeReplayed)))
 		})
 	}

@@ -135,10 +135,10 @@ func TestFilterMatch(t *testing.T) {
 }
 
 func TestFilterValidation(t *testing.T) {
-	assert.ErrorIs(t, Filter{OlderThan: 2 * time.Hour, NewerThan: time.Hour}.Validate(), ErrInvalidFilter)
-	assert.ErrorIs(t, Filter{OlderThan: -time.Second}.Validate(), ErrInvalidFilter)
-	assert.ErrorIs(t, Filter{IDs: []string{""}}.Validate(), ErrInvalidFilter)
-	assert.NoError(t, Filter{OlderThan: time.Hour, NewerThan: 2 * time.Hour}.Validate())
+	require.ErrorIs(t, Filter{OlderThan: 2 * time.Hour, NewerThan: time.Hour}.Validate(), ErrInvalidFilter)
+	require.ErrorIs(t, Filter{OlderThan: -time.Second}.Validate(), ErrInvalidFilter)
+	require.ErrorIs(t, Filter{IDs: []string{""}}.Validate(), ErrInvalidFilter)
+	require.NoError(t, Filter{OlderThan: time.Hour, NewerThan: 2 * time.Hour}.Validate())
 	assert.False(t, Filter{All: true}.Selective())
 	assert.True(t, Filter{Reason: "panic"}.Selective())
 }

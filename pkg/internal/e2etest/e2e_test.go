@@ -5,6 +5,7 @@ package e2etest_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -79,7 +80,7 @@ func run(t *testing.T, bin string, env []string, args ...string) (int, string, s
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
+	if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
 		code = ee.ExitCode()
 	} else {
 		require.NoError(t, err)
@@ -166,7 +167,10 @@ func (p *proc) term(t *testing.T, timeout time.Duration) int {
 	t.Helper()
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	select {
-	case <-p.exited:
+	case err := <-p.exited:
+		if err != nil && !errors.As(err, new(*exec.ExitError)) {
+			t.Fatalf("wait for the process: %v", err)
+		}
 		return p.cmd.ProcessState.ExitCode()
 	case <-time.After(timeout):
 		t.Fatalf("did not exit within %s after SIGTERM", timeout)

@@ -1,7 +1,6 @@
 package event_test
 
 import (
-	"errors"
 	"testing"
 	"time"
 
@@ -68,7 +67,7 @@ func TestDecodeNamesTheBadField(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := event.Decode([]byte(c.body))
 			var fe *event.FieldError
-			require.True(t, errors.As(err, &fe), "want a FieldError, got %v", err)
+			require.ErrorAs(t, err, &fe)
 			assert.Equal(t, c.field, fe.Field, "problem: %s", fe.Problem)
 			assert.NotEmpty(t, fe.Problem)
 		})

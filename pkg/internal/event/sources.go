@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 )
 
 // DefaultSource is the source of the /webhooks/payment route. Its events
@@ -71,7 +72,11 @@ func DecodeGitHub(id, typ string, body []byte) (Event, error) {
 		return Event{}, &FieldError{Field: "X-GitHub-Event", Problem: "required header is missing"}
 	}
 	if ev.Type, err = requireType(&typ); err != nil {
-		return Event{}, &FieldError{Field: "X-GitHub-Event", Problem: err.(*FieldError).Problem}
+		fe := &FieldError{Field: "X-GitHub-Event", Problem: err.Error()}
+		if inner := (*FieldError)(nil); errors.As(err, &inner) {
+			fe.Problem = inner.Problem
+		}
+		return Event{}, fe
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		return Event{}, &FieldError{Field: "body", Problem: "empty body"}

@@ -131,7 +131,7 @@ func TestEventsctlDLQReplaysAfterTheFixAndAudits(t *testing.T) {
 	assert.Equal(t, "cli", last.Via)
 	assert.Equal(t, "discard", last.Action)
 	assert.Equal(t, "evt_cli_poison", last.EventID)
-	assert.Equal(t, []byte(`{"id":"evt_cli_poison"}`), last.Payload)
+	assert.JSONEq(t, `{"id":"evt_cli_poison"}`, string(last.Payload))
 	p.Invariant()
 }
 

@@ -42,9 +42,6 @@ func Start(target string) (*Proxy, error) {
 // Addr is the proxy's host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// Port is the proxy's port.
-func (p *Proxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
-
 // Cut closes every open connection; new ones are still accepted.
 func (p *Proxy) Cut() {
 	p.mu.Lock()

@@ -142,9 +142,6 @@ func (s *Stack) Start(name, bin string, env []string) (*Proc, error) {
 // Pid is the process id.
 func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 
-// Exited is closed when the process has exited.
-func (p *Proc) Exited() <-chan struct{} { return p.exited }
-
 // Kill sends SIGKILL and waits for the exit.
 func (p *Proc) Kill() {
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)

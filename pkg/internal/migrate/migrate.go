@@ -105,7 +105,7 @@ func Wait(ctx context.Context, databaseURL string, every time.Duration, progress
 		progress(err)
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("schema not current: %w (last: %v)", ctx.Err(), err)
+			return fmt.Errorf("schema not current: %w (last: %w)", ctx.Err(), err)
 		case <-time.After(every):
 		}
 	}

@@ -34,7 +34,7 @@ func TestSlowClientsCannotHoldTheReceiver(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- srv.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-served })
+	t.Cleanup(func() { cancel(); assert.NoError(t, <-served) })
 	addr := srv.Addr().String()
 
 	const slow = 200
@@ -88,7 +88,7 @@ func TestSlowClientsCannotHoldTheReceiver(t *testing.T) {
 		require.NoError(t, c.SetReadDeadline(time.Now().Add(time.Minute)))
 		// The server may answer (408 or 400) before it closes; read to EOF.
 		_, err := io.Copy(io.Discard, c)
-		assert.NoError(t, err, "slow connection %d: the server closes it (EOF), not the one-minute deadline", i)
+		require.NoError(t, err, "slow connection %d: the server closes it (EOF), not the one-minute deadline", i)
 		_ = c.Close()
 	}
 }

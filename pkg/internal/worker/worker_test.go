@@ -230,7 +230,7 @@ func TestPostgresOutagePausesConsumption(t *testing.T) {
 	}
 	eventually(t, func() bool { return w.count("idempotent_events_worker_dependency_paused") == 1 }, "paused")
 	eventually(t, func() bool { return e.broker.Depth(broker.MainQueue) == 5 }, "the events wait in events.main")
-	assert.Error(t, w.w.Ready(), "not ready while paused")
+	require.Error(t, w.w.Ready(), "not ready while paused")
 	// Over several retry delays nothing may move.
 	require.Never(t, func() bool {
 		return e.broker.Depth(broker.MainQueue) != 5 || w.outcomes("retried") != 0 || w.outcomes("dead_lettered") != 0
