@@ -36,8 +36,8 @@ lint: ## gofmt and golangci-lint (.golangci.yaml; pinned, built into bin/ on fir
 	hack/lint.sh
 
 .PHONY: check
-check: services lint ## The edit loop: lint, then the Go tests without the slow suites (-short: no binaries built, no browser)
-	$(GO) test -short -count=1 ./...
+check: services lint ## The edit loop: lint, then the Go tests without the slow suites (-short: no binaries built, no browser; Go's test cache reuses the results of unchanged packages)
+	$(GO) test -short ./...
 
 .PHONY: test-go
 test-go: ## Go tests (unit + integration against 127.0.0.1 services), race detector on
