@@ -6,7 +6,8 @@ package main
 import (
 	"os"
 
+	"github.com/idempotent-events/idempotent-events/pkg/payments"
 	"github.com/idempotent-events/idempotent-events/pkg/service"
 )
 
-func main() { os.Exit(service.Worker()) }
+func main() { os.Exit(service.Worker(payments.Effects())) }

@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/app"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/eventsctl"
 )
@@ -22,9 +23,11 @@ import (
 // RabbitMQ, answering 2xx only after the broker confirmed.
 func Receiver() int { return app.Receiver(os.Args[1:], os.Stdout, os.Stderr) }
 
-// Worker runs the worker: it consumes events.main and commits each event's
-// effect exactly once.
-func Worker() int { return app.Worker(os.Args[1:], os.Stdout, os.Stderr) }
+// Worker runs the worker with the effects fx: it consumes events.main and
+// commits each event's effects exactly once, in the transaction of its
+// ledger row. The stock worker runs payments.Effects(); a team's own worker
+// binary adds its handlers to that registry (or starts from an empty one).
+func Worker(fx *effects.Registry) int { return app.Worker(fx, os.Args[1:], os.Stdout, os.Stderr) }
 
 // Migrate applies the database migrations ("migrate" or "migrate up"), or
 // waits until another process has ("migrate wait").

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/app"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/pipelinetest"
+	"github.com/idempotent-events/idempotent-events/pkg/payments"
 )
 
 // Every goroutine a test starts must be stopped by the time it ends; a
@@ -28,7 +29,10 @@ func TestMain(m *testing.M) {
 type binaryFunc func(args []string, stdout, stderr io.Writer) int
 
 func binaries() map[string]binaryFunc {
-	return map[string]binaryFunc{"receiver": app.Receiver, "worker": app.Worker, "migrate": app.Migrate}
+	worker := func(args []string, stdout, stderr io.Writer) int {
+		return app.Worker(payments.Effects(), args, stdout, stderr)
+	}
+	return map[string]binaryFunc{"receiver": app.Receiver, "worker": worker, "migrate": app.Migrate}
 }
 
 func call(bin binaryFunc, args ...string) (int, string, string) {
@@ -94,7 +98,7 @@ func TestRunWorkerReleasesWhatItOpenedWhenAStepFails(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := app.RunWorker(ctx, cfg, zaptest.NewLogger(t), reg)
+	err := app.RunWorker(ctx, cfg, payments.Effects(), zaptest.NewLogger(t), reg)
 	require.ErrorContains(t, err, "queuestats")
 	for _, addr := range []string{cfg.MetricsAddr, cfg.AdminAddr} {
 		ln, err := net.Listen("tcp", addr)
@@ -114,7 +118,7 @@ func TestRunWorkerReleasesTheMetricsListenerWhenTheAdminAddressIsTaken(t *testin
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = app.RunWorker(ctx, cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
+	err = app.RunWorker(ctx, cfg, payments.Effects(), zaptest.NewLogger(t), prometheus.NewRegistry())
 	require.ErrorContains(t, err, "listen on "+cfg.AdminAddr)
 	ln, err := net.Listen("tcp", cfg.MetricsAddr)
 	require.NoError(t, err, "the metrics listener is still held")

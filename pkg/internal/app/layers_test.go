@@ -18,6 +18,8 @@ var layers = map[string]int{
 	// Vocabulary and plumbing that import nothing of ours.
 	"pkg/internal/backoff": 0, "pkg/internal/event": 0, "pkg/internal/webhook": 0, "pkg/internal/logging": 0,
 	"pkg/internal/httpserver": 0, "pkg/internal/config": 0, "migrations": 0,
+	// The public effects API, and the built-in payment effect written on it.
+	"pkg/effects": 0, "pkg/payments": 1,
 	// Clients of one service each, and the metrics registry.
 	"pkg/internal/telemetry": 1, "pkg/internal/store": 1, "pkg/internal/dedupe": 1, "pkg/internal/migrate": 1,
 	"pkg/internal/broker": 2, "pkg/internal/queuestats": 2,

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/admin"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
@@ -29,22 +30,23 @@ is environment variables only (docs/configuration.md).
 usage: worker [--check-config | --version | --help]
 `
 
-// Worker is the worker binary: it runs with args (without the program
-// name) and returns the exit status.
-func Worker(args []string, stdout, stderr io.Writer) int {
+// Worker is the worker binary with the effects fx: it runs with args
+// (without the program name) and returns the exit status.
+func Worker(fx *effects.Registry, args []string, stdout, stderr io.Writer) int {
 	var cfg config.Worker
 	return binary{
 		name: "worker", usage: workerUsage, cfg: &cfg,
 		run: func(ctx context.Context, _ string, log *zap.Logger, reg *prometheus.Registry) error {
-			return RunWorker(ctx, cfg, log, reg)
+			return RunWorker(ctx, cfg, fx, log, reg)
 		},
 	}.main(args, stdout, stderr)
 }
 
-// RunWorker runs a worker from a loaded cfg, with its metrics endpoint, the
-// queue statistics and (with ADMIN_TOKEN) the admin server, until ctx is
-// done and in-flight work is drained. Tests run it in-process.
-func RunWorker(ctx context.Context, cfg config.Worker, log *zap.Logger, reg *prometheus.Registry) error {
+// RunWorker runs a worker from a loaded cfg with the effects fx, with its
+// metrics endpoint, the queue statistics and (with ADMIN_TOKEN) the admin
+// server, until ctx is done and in-flight work is drained. Tests run it
+// in-process.
+func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log *zap.Logger, reg *prometheus.Registry) error {
 	st, err := store.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
 	if err != nil {
 		return err
@@ -70,6 +72,7 @@ func RunWorker(ctx context.Context, cfg config.Worker, log *zap.Logger, reg *pro
 		RetryOnOutage:   cfg.OutageMode == "retry",
 		Ledger:          st,
 		Cache:           cache,
+		Effects:         fx,
 		Logger:          log,
 		Metrics:         worker.NewMetrics(reg),
 	})

@@ -49,6 +49,18 @@ const (
 	// message was first published, so a replay can send it back there.
 	HeaderOriginalExchange   = "x-ie-original-exchange"
 	HeaderOriginalRoutingKey = "x-ie-original-routing-key"
+	// HeaderReplayedAt, HeaderReplayedBy, HeaderReplayOf and
+	// HeaderReplayCount are set on a copy an operator replayed from the DLQ:
+	// when (RFC3339Nano), by whom, the DLQ id of the replayed copy, and how
+	// many replays of the event's message there were so far.
+	HeaderReplayedAt  = "x-ie-replayed-at"
+	HeaderReplayedBy  = "x-ie-replayed-by"
+	HeaderReplayOf    = "x-ie-replay-of"
+	HeaderReplayCount = "x-ie-replay-count"
+	// HeaderOrigin is "reconcile" on an event the reconciler found missing
+	// in the provider's event log and fed into the pipeline; absent on a
+	// delivery.
+	HeaderOrigin = "x-ie-origin"
 	// HeaderPublishID was the publisher's internal return-matching header;
 	// the publisher now uses CorrelationId. Copies made by tools drop it.
 	HeaderPublishID = "x-ie-publish-id"

@@ -4,7 +4,7 @@ import "strings"
 
 // DLQReason says why a message is in events.dlq; it is the value of
 // HeaderDLQReason, a filter of the DLQ tools and a metric label. Every
-// reason is one of the constants below: the worker stamps the first four;
+// reason is one of the constants below: the worker stamps the first five;
 // the next four are RabbitMQ's own dead-letter reasons (x-death), for a
 // copy the broker dead-lettered itself; the DLQ tools read the last when a
 // copy carries neither.
@@ -21,6 +21,9 @@ const (
 	ReasonRetriesExhausted DLQReason = "retries_exhausted"
 	// ReasonPanic: processing the event panicked.
 	ReasonPanic DLQReason = "panic"
+	// ReasonRejectedByHandler: an effects handler said no retry can help
+	// (effects.Permanent).
+	ReasonRejectedByHandler DLQReason = "rejected_by_handler"
 	// ReasonDeliveryLimit: RabbitMQ dead-lettered the message itself,
 	// because a quorum queue's x-delivery-limit was exceeded.
 	ReasonDeliveryLimit DLQReason = "delivery_limit"
@@ -37,7 +40,7 @@ const (
 
 // DLQReasons lists every reason, in the order the DLQ tools offer them.
 func DLQReasons() []DLQReason {
-	return []DLQReason{ReasonInvalidPayload, ReasonRejectedByDatabase, ReasonRetriesExhausted, ReasonPanic,
+	return []DLQReason{ReasonInvalidPayload, ReasonRejectedByDatabase, ReasonRejectedByHandler, ReasonRetriesExhausted, ReasonPanic,
 		ReasonDeliveryLimit, ReasonRejected, ReasonExpired, ReasonMaxLen, ReasonUnknown}
 }
 

@@ -17,18 +17,6 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 )
 
-// Headers a replayed copy carries.
-const (
-	// HeaderReplayedAt is when an operator replayed the message (RFC3339Nano).
-	HeaderReplayedAt = "x-ie-replayed-at"
-	// HeaderReplayedBy is the operator who replayed it.
-	HeaderReplayedBy = "x-ie-replayed-by"
-	// HeaderReplayOf is the DLQ id of the copy that was replayed.
-	HeaderReplayOf = "x-ie-replay-of"
-	// HeaderReplayCount counts the replays of this event's message so far.
-	HeaderReplayCount = "x-ie-replay-count"
-)
-
 // Message is one message in events.dlq as operators see it.
 type Message struct {
 	// ID is x-ie-dlq-id, or for a message RabbitMQ dead-lettered itself an
@@ -112,10 +100,10 @@ func fromDelivery(d amqp.Delivery) Message {
 		Size:               len(d.Body),
 		Body:               d.Body,
 	}
-	if n, ok := broker.Int(h, HeaderReplayCount); ok && n > 0 {
+	if n, ok := broker.Int(h, broker.HeaderReplayCount); ok && n > 0 {
 		m.ReplayCount = int(n)
 	}
-	m.ReplayOf = broker.String(h, HeaderReplayOf)
+	m.ReplayOf = broker.String(h, broker.HeaderReplayOf)
 	if m.EventID == "" || m.EventType == "" {
 		// Messages published by other producers (and poison) may lack the
 		// properties; the body may still say what it is.
@@ -295,10 +283,10 @@ func replayCopy(d amqp.Delivery, m Message, operator string, now time.Time) amqp
 		h[k] = v
 	}
 	h[broker.HeaderAttempt] = int64(1)
-	h[HeaderReplayedAt] = now.UTC().Format(time.RFC3339Nano)
-	h[HeaderReplayedBy] = operator
-	h[HeaderReplayOf] = m.ID
-	h[HeaderReplayCount] = int64(m.ReplayCount + 1)
+	h[broker.HeaderReplayedAt] = now.UTC().Format(time.RFC3339Nano)
+	h[broker.HeaderReplayedBy] = operator
+	h[broker.HeaderReplayOf] = m.ID
+	h[broker.HeaderReplayCount] = int64(m.ReplayCount + 1)
 	return amqp.Publishing{
 		Headers:         h,
 		ContentType:     d.ContentType,

@@ -93,10 +93,10 @@ func TestTheReplayedCopy(t *testing.T) {
 	for _, gone := range []string{broker.HeaderDLQID, broker.HeaderDLQReason, broker.HeaderDeadLetteredAt, "x-death", broker.HeaderPublishID} {
 		assert.NotContains(t, h, gone)
 	}
-	assert.Equal(t, "alice", h[HeaderReplayedBy])
-	assert.Equal(t, "2026-02-01T00:00:00Z", h[HeaderReplayedAt])
-	assert.Equal(t, "0123456789abcdef", h[HeaderReplayOf])
-	assert.Equal(t, int64(1), h[HeaderReplayCount])
+	assert.Equal(t, "alice", h[broker.HeaderReplayedBy])
+	assert.Equal(t, "2026-02-01T00:00:00Z", h[broker.HeaderReplayedAt])
+	assert.Equal(t, "0123456789abcdef", h[broker.HeaderReplayOf])
+	assert.Equal(t, int64(1), h[broker.HeaderReplayCount])
 	assert.Equal(t, "evt_1", d.MessageId, "the delivery itself is not changed")
 	require.Contains(t, d.Headers, broker.HeaderDLQID)
 }

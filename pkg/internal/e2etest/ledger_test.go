@@ -19,6 +19,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/webhook"
+	"github.com/idempotent-events/idempotent-events/pkg/payments"
 )
 
 // Redis outliving the ledger: the database is dropped and created again
@@ -49,7 +50,7 @@ func TestARecreatedDatabaseIsNotAnsweredFromRedisEntriesOfTheOldOne(t *testing.T
 	var wg sync.WaitGroup
 	wg.Go(func() { assert.NoError(t, app.RunReceiver(ctx, rcfg, zaptest.NewLogger(t).Named("receiver"), rreg)) })
 	wg.Go(func() {
-		assert.NoError(t, app.RunWorker(ctx, wcfg, zaptest.NewLogger(t).Named("worker"), telemetry.NewRegistry("worker")))
+		assert.NoError(t, app.RunWorker(ctx, wcfg, payments.Effects(), zaptest.NewLogger(t).Named("worker"), telemetry.NewRegistry("worker")))
 	})
 	defer func() { cancel(); wg.Wait() }()
 	waitReady(t, "http://"+httpAddr+"/readyz")

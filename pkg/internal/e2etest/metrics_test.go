@@ -22,6 +22,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/webhook"
+	"github.com/idempotent-events/idempotent-events/pkg/payments"
 )
 
 // loadConfig fills cfg from defaults plus vars, as the binaries would.
@@ -80,7 +81,9 @@ func TestMetricsMoveByTheExpectedAmounts(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { assert.NoError(t, app.RunReceiver(ctx, rcfg, zaptest.NewLogger(t).Named("receiver"), rreg)) })
-	wg.Go(func() { assert.NoError(t, app.RunWorker(ctx, wcfg, zaptest.NewLogger(t).Named("worker"), wreg)) })
+	wg.Go(func() {
+		assert.NoError(t, app.RunWorker(ctx, wcfg, payments.Effects(), zaptest.NewLogger(t).Named("worker"), wreg))
+	})
 	defer func() { cancel(); wg.Wait() }()
 	waitReady(t, "http://"+httpAddr+"/readyz")
 	waitReady(t, "http://"+wcfg.MetricsAddr+"/readyz")

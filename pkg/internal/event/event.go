@@ -41,6 +41,9 @@ type Event struct {
 	// Created is the provider's creation time; zero when the input has none.
 	Created  time.Time
 	Livemode bool
+	// Object is the provider object a Stripe event is about (data.object's
+	// "object" and "id"); zero for the short form and the other schemes.
+	Object Object
 	// Payment is set for events that describe a payment.
 	Payment *Payment
 	// Digest identifies the event's content, to tell a redelivery of the
@@ -49,6 +52,12 @@ type Event struct {
 	// and data (not envelope fields like pending_webhooks, which change on
 	// every retry), for the other schemes the whole body.
 	Digest [32]byte
+}
+
+// Object names a provider object: its type ("payment_intent", "charge")
+// and id ("pi_…").
+type Object struct {
+	Type, ID string
 }
 
 // Payment is the business content of a payment event: one payments row.
@@ -90,6 +99,7 @@ type wireData struct {
 
 type wireObject struct {
 	Object string `json:"object"`
+	ID     string `json:"id"`
 }
 
 type wirePaymentIntent struct {
@@ -131,7 +141,7 @@ func Decode(body []byte) (Event, error) {
 		return Event{}, jsonProblem("data", err)
 	}
 	if len(data.Object) > 0 && !bytes.Equal(data.Object, []byte("null")) {
-		ev.Payment, err = decodeObject(data.Object)
+		ev.Object, ev.Payment, err = decodeObject(data.Object)
 	} else {
 		ev.Payment, err = decodeShort(&data)
 	}
@@ -153,19 +163,27 @@ func digest(typ string, content []byte) [32]byte {
 	return out
 }
 
-func decodeObject(raw json.RawMessage) (*Payment, error) {
+func decodeObject(raw json.RawMessage) (Object, *Payment, error) {
 	var kind wireObject
 	if err := json.Unmarshal(raw, &kind); err != nil {
-		return nil, jsonProblem("data.object", err)
+		return Object{}, nil, jsonProblem("data.object", err)
+	}
+	obj := Object{Type: kind.Object, ID: kind.ID}
+	if len(obj.Type) > MaxTypeLength || !isToken(obj.Type) {
+		return Object{}, nil, &FieldError{Field: "data.object.object", Problem: "must contain only letters, digits and _ - . :"}
+	}
+	if len(obj.ID) > MaxIDLength || !isToken(obj.ID) {
+		return Object{}, nil, &FieldError{Field: "data.object.id", Problem: "must contain only letters, digits and _ - . :"}
 	}
 	if kind.Object != "payment_intent" {
-		return nil, nil
+		return obj, nil, nil
 	}
 	var pi wirePaymentIntent
 	if err := json.Unmarshal(raw, &pi); err != nil {
-		return nil, jsonProblem("data.object", err)
+		return Object{}, nil, jsonProblem("data.object", err)
 	}
-	return newPayment("data.object.", pi.ID, "id", pi.Amount, "amount", pi.Currency, pi.Status)
+	p, err := newPayment("data.object.", pi.ID, "id", pi.Amount, "amount", pi.Currency, pi.Status)
+	return obj, p, err
 }
 
 func decodeShort(d *wireData) (*Payment, error) {

@@ -35,14 +35,34 @@ import (
 )
 
 // Build compiles the four binaries into dir with the image's flags.
-func Build(dir string) error {
+func Build(dir string) error { return build(".", dir) }
+
+// build compiles the binaries of the checkout at src into dir.
+func build(src, dir string) error {
 	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags", "-s -w", "-o", dir+"/", "./cmd/...")
+	cmd.Dir = src
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("go build: %w\n%s", err, out)
+		return fmt.Errorf("go build in %s: %w\n%s", src, err, out)
 	}
 	return nil
+}
+
+// BuildRevision compiles the four binaries of git revision rev of this
+// repository into dir, from a temporary worktree, for a comparison with
+// another version of the code.
+func BuildRevision(rev, dir string) error {
+	src, err := os.MkdirTemp("", "ie-revision")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(src)
+	if out, err := exec.Command("git", "worktree", "add", "--detach", src, rev).CombinedOutput(); err != nil {
+		return fmt.Errorf("git worktree add %s: %w\n%s", rev, err, out)
+	}
+	defer func() { _ = exec.Command("git", "worktree", "remove", "--force", src).Run() }()
+	return build(src, dir)
 }
 
 // Stack is one run's slice of the services.

@@ -28,6 +28,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/event/eventtest"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
+	"github.com/idempotent-events/idempotent-events/pkg/payments"
 )
 
 // Token is the admin token the pipelines use when the admin server is on.
@@ -128,7 +129,9 @@ func (p *Pipeline) StartWorker(adminToken string) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- app.RunWorker(ctx, cfg, zaptest.NewLogger(p.T).Named("worker"), p.Reg) }()
+	go func() {
+		done <- app.RunWorker(ctx, cfg, payments.Effects(), zaptest.NewLogger(p.T).Named("worker"), p.Reg)
+	}()
 	p.T.Cleanup(func() {
 		cancel()
 		select {

@@ -370,7 +370,7 @@ func TestCommittedEventIsAnsweredDuplicateWithoutPublishing(t *testing.T) {
 	body := sample(t, "evt_done")
 	ev, err := event.Decode(body)
 	require.NoError(t, err)
-	_, err = f.store.Commit(context.Background(), []store.Record{{Event: ev, Source: "stripe", PayloadSHA256: ev.Digest[:]}})
+	_, err = f.store.Commit(context.Background(), []store.Record{{Event: ev, Source: "stripe", PayloadSHA256: ev.Digest[:]}}, nil)
 	require.NoError(t, err)
 
 	r := f.post(t, body, signed(body))

@@ -1,14 +1,14 @@
-// Package store writes the effects of events to Postgres, the only source of
-// truth of idempotent-events.
+// Package store is the ledger in Postgres, the only source of truth of
+// idempotent-events.
 //
-// Commit writes a batch of events in one transaction — a single statement:
-// the processed_events rows (event_id is the primary key) with INSERT … ON
-// CONFLICT DO NOTHING RETURNING, and the payments rows of exactly the
-// events that insert returned. An event whose ledger row already existed is
-// a duplicate and gets no second business row. The caller acks only after Commit returned, so a
-// crash anywhere before COMMIT leaves the message unacked (it is redelivered)
-// and a crash after COMMIT leaves a ledger row that makes the redelivery a
-// duplicate.
+// Commit writes a batch of events in one transaction: the processed_events
+// rows (event_id is the primary key) with INSERT … ON CONFLICT DO NOTHING
+// RETURNING, then the effects (the handlers of package effects) of exactly
+// the events that insert returned. An event whose ledger row already existed
+// is a duplicate and gets no second effect. The caller acks only after
+// Commit returned, so a crash anywhere before COMMIT leaves the message
+// unacked (it is redelivered) and a crash after COMMIT leaves a ledger row
+// that makes the redelivery a duplicate.
 //
 // Rows are inserted in event_id order, so two transactions that share events
 // lock them in the same order and cannot deadlock each other.
@@ -98,35 +98,36 @@ func (s *Store) Epoch(ctx context.Context) (string, error) {
 // Pool exposes the pool for tests and tools.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// commitBatch writes a batch in one statement, which Postgres runs as one
-// transaction and the worker sends in one round trip: the ledger insert
-// returns the ids it inserted, and only those get a payments row. Payment
-// rows are passed for every record that has one; the filter on the ledger's
-// RETURNING is what keeps a duplicate from a second effect. processed_at
-// is the statement's clock, not now() (the transaction's start), so
-// received_at -> processed_at measures the pipeline's latency.
-const commitBatch = `
-WITH ledger AS (
-	INSERT INTO processed_events (event_id, source, event_type, payload_sha256, received_at, attempt, processed_at)
-	SELECT e.*, clock_timestamp()
-	FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::int[]) AS e
-	ORDER BY 1
-	ON CONFLICT (event_id) DO NOTHING
-	RETURNING event_id
-), effect AS (
-	INSERT INTO payments (event_id, payment_intent_id, event_type, amount_cents, currency, status, livemode, event_created_at)
-	SELECT p.*
-	FROM unnest($7::text[], $8::text[], $9::text[], $10::bigint[], $11::text[], $12::text[], $13::bool[], $14::timestamptz[])
-		AS p(event_id, payment_intent_id, event_type, amount_cents, currency, status, livemode, event_created_at)
-	WHERE p.event_id IN (SELECT event_id FROM ledger)
-	ORDER BY 1
-)
-SELECT event_id FROM ledger`
+// insertLedger writes the ledger rows of a batch and returns the ids it
+// inserted: an event whose row exists is a duplicate and is not returned.
+// processed_at is the statement's clock, not now() (the transaction's
+// start), so received_at -> processed_at measures the pipeline's latency.
+const insertLedger = `
+INSERT INTO processed_events (event_id, source, event_type, payload_sha256, received_at, attempt, processed_at)
+SELECT e.*, clock_timestamp()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::int[]) AS e
+ORDER BY 1
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id`
 
-// Commit writes recs in one transaction and reports, for each record in
-// order, whether it was new (true) or already processed (false). Records
-// must have distinct event ids. On error nothing was written.
-func (s *Store) Commit(ctx context.Context, recs []Record) ([]bool, error) {
+// Ledger outcomes of an event (processed_events.outcome).
+const (
+	OutcomeApplied = "applied"
+	OutcomeSkipped = "skipped"
+)
+
+// Apply writes the effects of the records at fresh (indexes into the
+// records given to Commit, whose ledger rows are new) in tx, and reports
+// for each of them whether it was applied (false: no handler had anything
+// to do, outcome skipped). An error rolls the whole transaction back.
+type Apply func(ctx context.Context, tx pgx.Tx, fresh []int) (applied []bool, err error)
+
+// Commit writes recs in one transaction: their ledger rows, then through
+// apply the effects of the records whose row is new; a record whose row
+// existed is a duplicate and gets no second effect. It reports, for each
+// record in order, whether it was new. Records must have distinct event
+// ids. On error nothing was written.
+func (s *Store) Commit(ctx context.Context, recs []Record, apply Apply) ([]bool, error) {
 	n := len(recs)
 	if n == 0 {
 		return nil, nil
@@ -137,7 +138,6 @@ func (s *Store) Commit(ctx context.Context, recs []Record) ([]bool, error) {
 	digests := make([][]byte, n)
 	received := make([]*time.Time, n)
 	attempts := make([]int32, n)
-	var p paymentColumns
 	for i := range recs {
 		r := &recs[i]
 		ids[i] = r.Event.ID
@@ -148,48 +148,49 @@ func (s *Store) Commit(ctx context.Context, recs []Record) ([]bool, error) {
 			received[i] = &r.ReceivedAt
 		}
 		attempts[i] = int32(max(r.Attempt, 1))
-		p.add(&r.Event)
 	}
-	rows, err := s.pool.Query(ctx, commitBatch, ids, sources, types, digests, received, attempts,
-		p.ids, p.intents, p.types, p.amounts, p.currencies, p.statuses, p.livemodes, p.created)
+	var isNew []bool
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, insertLedger, ids, sources, types, digests, received, attempts)
+		if err != nil {
+			return err
+		}
+		inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		slices.Sort(inserted)
+		isNew = make([]bool, n)
+		var fresh []int
+		for i := range recs {
+			if _, isNew[i] = slices.BinarySearch(inserted, recs[i].Event.ID); isNew[i] {
+				fresh = append(fresh, i)
+			}
+		}
+		if len(fresh) == 0 || apply == nil {
+			return nil
+		}
+		applied, err := apply(ctx, tx, fresh)
+		if err != nil {
+			return err
+		}
+		var skipped []string
+		for j, i := range fresh {
+			if !applied[j] {
+				skipped = append(skipped, ids[i])
+			}
+		}
+		if len(skipped) > 0 {
+			if _, err := tx.Exec(ctx, `UPDATE processed_events SET outcome = $2 WHERE event_id = ANY($1)`, skipped, OutcomeSkipped); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("commit %d events: %w", n, err)
-	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("commit %d events: %w", n, err)
-	}
-	slices.Sort(inserted)
-	isNew := make([]bool, n)
-	for i := range recs {
-		_, isNew[i] = slices.BinarySearch(inserted, recs[i].Event.ID)
 	}
 	return isNew, nil
-}
-
-type paymentColumns struct {
-	ids, intents, types, currencies, statuses []string
-	amounts                                   []int64
-	livemodes                                 []bool
-	created                                   []*time.Time
-}
-
-func (p *paymentColumns) add(ev *event.Event) {
-	if ev.Payment == nil {
-		return
-	}
-	p.ids = append(p.ids, ev.ID)
-	p.intents = append(p.intents, ev.Payment.IntentID)
-	p.types = append(p.types, ev.Type)
-	p.amounts = append(p.amounts, ev.Payment.AmountCents)
-	p.currencies = append(p.currencies, ev.Payment.Currency)
-	p.statuses = append(p.statuses, ev.Payment.Status)
-	p.livemodes = append(p.livemodes, ev.Livemode)
-	var created *time.Time
-	if !ev.Created.IsZero() {
-		created = &ev.Created
-	}
-	p.created = append(p.created, created)
 }
 
 // Digests returns, for each id in order, the hex content digest of its

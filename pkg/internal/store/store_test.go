@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -33,41 +35,60 @@ func open(t *testing.T) *store.Store {
 	return st
 }
 
-func TestCommitWritesLedgerAndPaymentOnceAndReportsDuplicates(t *testing.T) {
+// probe is an effect for the tests of the ledger: it writes one row per
+// event into effects_probe (created on first use), and reports the events
+// named in skip as skipped.
+func probe(t *testing.T, st *store.Store, recs []store.Record, skip ...string) store.Apply {
+	t.Helper()
+	_, err := st.Pool().Exec(context.Background(), `CREATE TABLE IF NOT EXISTS effects_probe (event_id text PRIMARY KEY, amount bigint CHECK (amount >= 0))`)
+	require.NoError(t, err)
+	return func(ctx context.Context, tx pgx.Tx, fresh []int) ([]bool, error) {
+		applied := make([]bool, len(fresh))
+		for j, i := range fresh {
+			if slices.Contains(skip, recs[i].Event.ID) {
+				continue
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO effects_probe VALUES ($1, $2)`, recs[i].Event.ID, recs[i].Event.Payment.AmountCents); err != nil {
+				return nil, err
+			}
+			applied[j] = true
+		}
+		return applied, nil
+	}
+}
+
+func count(t *testing.T, st *store.Store, query string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, st.Pool().QueryRow(context.Background(), query).Scan(&n))
+	return n
+}
+
+// The ledger row and the effects of a new event commit together; a
+// duplicate gets no second effect; an event no effect applied to is
+// recorded as skipped.
+func TestCommitAppliesTheEffectsOfNewEventsOnly(t *testing.T) {
 	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 
-	isNew, err := st.Commit(ctx, []store.Record{record("evt_a", 100), record("evt_b", 200)})
+	first := []store.Record{record("evt_a", 100), record("evt_b", 200)}
+	isNew, err := st.Commit(ctx, first, probe(t, st, first))
 	require.NoError(t, err)
 	assert.Equal(t, []bool{true, true}, isNew)
 
-	isNew, err = st.Commit(ctx, []store.Record{record("evt_b", 200), record("evt_c", 300)})
+	second := []store.Record{record("evt_b", 200), record("evt_c", 300), record("evt_s", 1)}
+	isNew, err = st.Commit(ctx, second, probe(t, st, second, "evt_s"))
 	require.NoError(t, err)
-	assert.Equal(t, []bool{false, true}, isNew)
+	assert.Equal(t, []bool{false, true, true}, isNew)
 
-	var payments, ledger int
-	require.NoError(t, st.Pool().QueryRow(ctx, "SELECT count(*) FROM payments").Scan(&payments))
-	require.NoError(t, st.Pool().QueryRow(ctx, "SELECT count(*) FROM processed_events").Scan(&ledger))
-	assert.Equal(t, 3, payments)
-	assert.Equal(t, 3, ledger)
+	assert.Equal(t, 3, count(t, st, "SELECT count(*) FROM effects_probe"))
+	assert.Equal(t, 4, count(t, st, "SELECT count(*) FROM processed_events"))
+	assert.Equal(t, 1, count(t, st, "SELECT count(*) FROM processed_events WHERE outcome = 'skipped' AND event_id = 'evt_s'"))
 
 	found, err := st.Digests(ctx, []string{"evt_c", "evt_z", "evt_a"})
 	require.NoError(t, err)
 	assert.Equal(t, []string{hex.EncodeToString(record("evt_c", 0).PayloadSHA256), "", hex.EncodeToString(record("evt_a", 0).PayloadSHA256)}, found)
-}
-
-func TestEventsWithoutPaymentGetOnlyALedgerRow(t *testing.T) {
-	t.Parallel()
-	st := open(t)
-	ctx := context.Background()
-	r := record("evt_customer", 0)
-	r.Event.Payment = nil
-	_, err := st.Commit(ctx, []store.Record{r})
-	require.NoError(t, err)
-	var payments int
-	require.NoError(t, st.Pool().QueryRow(ctx, "SELECT count(*) FROM payments").Scan(&payments))
-	assert.Zero(t, payments)
 }
 
 // Concurrent transactions over overlapping events, in different orders,
@@ -87,7 +108,7 @@ func TestConcurrentOverlappingBatches(t *testing.T) {
 				j := (i + w) % len(ids) // each worker its own order
 				recs[i] = record(ids[j], 1)
 			}
-			isNew, err := st.Commit(ctx, recs)
+			isNew, err := st.Commit(ctx, recs, nil)
 			assert.NoError(t, err) //nolint:testifylint // on a goroutine of wg.Go: require (FailNow) must not run here
 			mu.Lock()
 			defer mu.Unlock()
@@ -100,17 +121,16 @@ func TestConcurrentOverlappingBatches(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Equal(t, []int{1, 1, 1, 1, 1, 1}, newCount)
-	var dup int
-	require.NoError(t, st.Pool().QueryRow(ctx,
-		"SELECT count(*) FROM (SELECT event_id FROM processed_events GROUP BY event_id HAVING COUNT(*) > 1) d").Scan(&dup))
-	assert.Zero(t, dup)
+	assert.Zero(t, count(t, st, "SELECT count(*) FROM (SELECT event_id FROM processed_events GROUP BY event_id HAVING COUNT(*) > 1) d"))
 }
 
-func TestDataErrorsArePermanent(t *testing.T) {
+// An effect refused by a constraint fails the whole transaction, the ledger
+// row too, and the error is one no retry fixes.
+func TestDataErrorsArePermanentAndLeaveNoLedgerRow(t *testing.T) {
 	t.Parallel()
 	st := open(t)
-	r := record("evt_neg", -5) // violates the amount_cents CHECK
-	_, err := st.Commit(context.Background(), []store.Record{r})
+	recs := []store.Record{record("evt_neg", -5)} // violates effects_probe's CHECK
+	_, err := st.Commit(context.Background(), recs, probe(t, st, recs))
 	require.Error(t, err)
 	assert.True(t, store.IsPermanent(err), "%v", err)
 
@@ -124,7 +144,7 @@ func TestConnectionErrorsAreTransient(t *testing.T) {
 	st, err := store.Open(context.Background(), "postgres://postgres@127.0.0.1:1/x?sslmode=disable&connect_timeout=1", 1)
 	require.NoError(t, err)
 	defer st.Close()
-	_, err = st.Commit(context.Background(), []store.Record{record("evt_x", 1)})
+	_, err = st.Commit(context.Background(), []store.Record{record("evt_x", 1)}, nil)
 	require.Error(t, err)
 	assert.False(t, store.IsPermanent(err))
 }

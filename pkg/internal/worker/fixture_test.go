@@ -21,6 +21,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
+	"github.com/idempotent-events/idempotent-events/pkg/payments"
 )
 
 // env is one test's pipeline: its vhost, schema and Redis prefix.
@@ -104,7 +105,7 @@ func (e *env) start(opts ...option) *running {
 		Dialer:   broker.Dialer{URL: e.amqpURL, Name: e.t.Name(), MaxBackoff: 200 * time.Millisecond, DialTimeout: time.Second},
 		Topology: e.topo, Prefetch: 64, ReplayPrefetch: 4, Concurrency: 2, BatchSize: 16, BatchWait: 5 * time.Millisecond,
 		ProcessTimeout: 3 * time.Second, PublishTimeout: 3 * time.Second, ShutdownTimeout: 10 * time.Second,
-		Ledger: e.store, Logger: zaptest.NewLogger(e.t),
+		Ledger: e.store, Effects: payments.Effects(), Logger: zaptest.NewLogger(e.t),
 	}
 	c, err := dedupe.Open(servicetest.RedisURL, e.prefix, time.Minute)
 	require.NoError(e.t, err)
@@ -211,8 +212,8 @@ type lostAnswers struct {
 	left atomic.Int32
 }
 
-func (l *lostAnswers) Commit(ctx context.Context, recs []store.Record) ([]bool, error) {
-	isNew, err := l.Ledger.Commit(ctx, recs)
+func (l *lostAnswers) Commit(ctx context.Context, recs []store.Record, apply store.Apply) ([]bool, error) {
+	isNew, err := l.Ledger.Commit(ctx, recs, apply)
 	if err == nil && l.left.Add(-1) >= 0 {
 		return nil, errors.New("read tcp 127.0.0.1:5432: connection reset by peer")
 	}

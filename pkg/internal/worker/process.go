@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
+	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dedupe"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/event"
@@ -18,7 +20,7 @@ import (
 
 // Ledger commits events; *store.Store is the real one.
 type Ledger interface {
-	Commit(ctx context.Context, recs []store.Record) ([]bool, error)
+	Commit(ctx context.Context, recs []store.Record, apply store.Apply) ([]bool, error)
 	Digests(ctx context.Context, ids []string) ([]string, error)
 	RecordConflicts(ctx context.Context, cs []store.Conflict) error
 	Ping(ctx context.Context) error
@@ -58,10 +60,12 @@ type message struct {
 	// digest in hex. They come from the message's MessageId and x-ie-digest
 	// when the receiver set them, and from the decoded body otherwise.
 	key, digest string
-	// ev is the decoded body; decoded says it is set.
-	ev      event.Event
-	decoded bool
-	res     Result
+	// ev is the decoded body; decoded says it is set. providerID is the
+	// event's id as the provider sent it (key qualifies it by source).
+	ev         event.Event
+	providerID string
+	decoded    bool
+	res        Result
 	// stored is the digest the ledger holds when it differs from ours.
 	stored string
 }
@@ -94,6 +98,7 @@ func (w *Worker) decode(m *message) bool {
 	ev, err := event.Parse(broker.String(h, broker.HeaderScheme), broker.String(h, broker.HeaderEventID),
 		broker.String(h, broker.HeaderEventType), m.d.Body)
 	if err == nil {
+		m.providerID = ev.ID
 		ev.ID = event.Key(sourceOf(h), ev.ID)
 		if m.key != "" && m.key != ev.ID {
 			err = &event.FieldError{Field: "message_id", Problem: fmt.Sprintf("names event %q but the body is event %q", m.key, ev.ID)}
@@ -247,7 +252,7 @@ func (w *Worker) commit(ctx context.Context, msgs []*message, isolate bool) erro
 		isNew, err = w.commitOnce(ctx, msgs)
 	}
 	if err != nil {
-		if isolate && len(msgs) > 1 && !isTransient(err) {
+		if isolate && len(msgs) > 1 && isolating(err) {
 			w.log.Warn("batch rejected; committing its messages one by one", zap.Int("size", len(msgs)), zap.Error(err))
 			for _, m := range msgs {
 				if err := w.commit(ctx, []*message{m}, false); err != nil {
@@ -344,13 +349,24 @@ func (w *Worker) commitOnce(ctx context.Context, msgs []*message) (isNew []bool,
 			Attempt:       m.attempt,
 		}
 	}
+	apply := func(ctx context.Context, tx pgx.Tx, fresh []int) ([]bool, error) {
+		evs := make([]effects.Event, len(fresh))
+		for j, i := range fresh {
+			evs[j] = msgs[i].effectsEvent()
+		}
+		applied, err := w.opts.Effects.Apply(ctx, evs, tx, w.opts.Outbox)
+		if err != nil {
+			return nil, &handlerError{err: err}
+		}
+		return applied, nil
+	}
 	tctx, cancel := context.WithTimeout(ctx, w.opts.ProcessTimeout)
 	defer cancel()
 	start := time.Now()
-	isNew, err = w.opts.Ledger.Commit(tctx, recs)
+	isNew, err = w.opts.Ledger.Commit(tctx, recs, apply)
 	w.m.txSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
-		if store.IsPermanent(err) {
+		if store.IsPermanent(err) && !isHandlerResult(err) {
 			return nil, permanent(broker.ReasonRejectedByDatabase, err)
 		}
 		return nil, err
@@ -358,10 +374,31 @@ func (w *Worker) commitOnce(ctx context.Context, msgs []*message) (isNew []bool,
 	return isNew, nil
 }
 
+// effectsEvent is the event as handlers see it.
+func (m *message) effectsEvent() effects.Event {
+	return effects.Event{
+		Source: sourceOf(m.d.Headers), ID: m.providerID, Key: m.key, Type: m.ev.Type, Created: m.ev.Created,
+		Object: effects.Object{Type: m.ev.Object.Type, ID: m.ev.Object.ID}, Raw: m.d.Body,
+		Attempt: m.attempt, Origin: originOf(m.d.Headers),
+	}
+}
+
+// originOf says how a message reached the worker: the reconciler marks its
+// messages, the DLQ tools mark replays.
+func originOf(h amqp.Table) effects.Origin {
+	switch {
+	case broker.String(h, broker.HeaderOrigin) == string(effects.OriginReconcile):
+		return effects.OriginReconcile
+	case broker.String(h, broker.HeaderReplayOf) != "":
+		return effects.OriginReplay
+	}
+	return effects.OriginWebhook
+}
+
 // stillReachable reports whether err looks like an outage while Postgres
 // does answer a ping: a connection cut, not Postgres down.
 func (w *Worker) stillReachable(ctx context.Context, err error) bool {
-	if isPermanent(err) || !store.IsOutage(err) || ctx.Err() != nil {
+	if isPermanent(err) || errors.As(err, new(*handlerError)) || !store.IsOutage(err) || ctx.Err() != nil {
 		return false
 	}
 	pctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -369,13 +406,22 @@ func (w *Worker) stillReachable(ctx context.Context, err error) bool {
 	return w.opts.Ledger.Ping(pctx) == nil
 }
 
-func isTransient(err error) bool { return !isPermanent(err) }
+// isolating reports an error that may lie with one event of a batch: a
+// permanent one, or any handler's.
+func isolating(err error) bool { return isPermanent(err) || errors.As(err, new(*handlerError)) }
 
 // isPermanent reports an error no retry can fix: a permanent database
-// error or a panic. (store.IsOutage takes every error that is not
-// Postgres's own for a connection problem, so this is asked first.)
+// error, a panic, or a handler's Permanent. (store.IsOutage takes every
+// error that is not Postgres's own for a connection problem, so this is
+// asked first.)
 func isPermanent(err error) bool {
-	return errors.As(err, new(*permanentError)) || errors.As(err, new(*panicked))
+	return errors.As(err, new(*permanentError)) || errors.As(err, new(*panicked)) || errors.As(err, new(*effects.PermanentError))
+}
+
+// isHandlerResult reports a result a handler chose (Permanent, RetryAfter):
+// decide takes it as the handler meant it.
+func isHandlerResult(err error) bool {
+	return errors.As(err, new(*effects.PermanentError)) || errors.As(err, new(*effects.RetryAfterError))
 }
 
 func sourceOf(h amqp.Table) string {

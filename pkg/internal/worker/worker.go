@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
+	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/backoff"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 )
@@ -40,8 +41,13 @@ type Options struct {
 	// unreachable, instead of pausing consumption until it is back.
 	RetryOnOutage bool
 
-	Ledger  Ledger
-	Cache   Cache
+	Ledger Ledger
+	Cache  Cache
+	// Effects are the handlers run in each event's transaction.
+	Effects *effects.Registry
+	// Outbox takes the messages handlers enqueue; effects.NoOutbox when
+	// nil (Enqueue fails, the event is retried).
+	Outbox  effects.Outbox
 	Logger  *zap.Logger // zap.NewNop() when nil
 	Metrics *Metrics
 	Hooks   Hooks
@@ -65,12 +71,16 @@ func (o *Options) validate() error {
 	need(o.ShutdownTimeout > 0, "ShutdownTimeout", "must be positive")
 	need(o.Ledger != nil, "Ledger", "is required")
 	need(o.Cache != nil, "Cache", "is required")
+	need(o.Effects != nil, "Effects", "is required (payments.Effects() for the built-in payment effect)")
 	need(o.Metrics != nil, "Metrics", "is required")
 	if len(problems) > 0 {
 		return fmt.Errorf("worker: %s", strings.Join(problems, "; "))
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
+	}
+	if o.Outbox == nil {
+		o.Outbox = effects.NoOutbox{}
 	}
 	return nil
 }

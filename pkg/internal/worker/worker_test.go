@@ -308,13 +308,13 @@ type panickyLedger struct {
 	id string
 }
 
-func (l panickyLedger) Commit(ctx context.Context, recs []store.Record) ([]bool, error) {
+func (l panickyLedger) Commit(ctx context.Context, recs []store.Record, apply store.Apply) ([]bool, error) {
 	for _, r := range recs {
 		if r.Event.ID == l.id {
 			panic("effect bug for " + l.id)
 		}
 	}
-	return l.Ledger.Commit(ctx, recs)
+	return l.Ledger.Commit(ctx, recs, apply)
 }
 
 // A panic inside the transaction is decided like any other failure: its

@@ -15,6 +15,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -28,15 +29,18 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/event"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/harness"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
+	"github.com/idempotent-events/idempotent-events/pkg/payments"
 )
 
 type options struct {
@@ -46,6 +50,10 @@ type options struct {
 	rateFor                              time.Duration
 	workerEnv, receiverEnv               string
 	only, profileDir                     string
+	// baseline is a git revision whose worker is timed beside ours;
+	// baselineDir holds its binaries.
+	baseline, baselineDir string
+	baselineEvents        int
 }
 
 func main() {
@@ -60,8 +68,10 @@ func main() {
 	flag.DurationVar(&o.rateFor, "rate-duration", 20*time.Second, "length of the end-to-end latency phase")
 	flag.StringVar(&o.workerEnv, "worker-env", "", "extra worker settings for our configuration, e.g. WORKER_BATCH_SIZE=128,WORKER_PREFETCH=512")
 	flag.StringVar(&o.receiverEnv, "receiver-env", "", "extra receiver settings, e.g. PUBLISH_CHANNELS=8")
-	flag.StringVar(&o.only, "only", "", "run only one phase: raw, main, seed, e2e (for profiling; prints that phase's lines)")
+	flag.StringVar(&o.only, "only", "", "run only one phase: raw, main, seed, baseline, e2e (for profiling; prints that phase's lines)")
 	flag.StringVar(&o.profileDir, "profile", "", "write 10 s CPU profiles of the receiver and the worker under load to this directory")
+	flag.StringVar(&o.baseline, "baseline", "", "a git revision: also time its worker on the same backlog as ours, in the same run, and print both")
+	flag.IntVar(&o.baselineEvents, "baseline-events", 30_000, "unique events of the baseline comparison (each sent 1+dups times)")
 	flag.Parse()
 	if o.rawMessages <= 0 {
 		o.rawMessages = o.events * (1 + o.dups)
@@ -78,6 +88,14 @@ func main() {
 	defer os.RemoveAll(binDir)
 	fmt.Println("building binaries …")
 	check(harness.Build(binDir))
+	if o.baseline != "" {
+		dir, err := os.MkdirTemp("", "ie-bench-baseline")
+		check(err)
+		defer os.RemoveAll(dir)
+		fmt.Printf("building the binaries of %s …\n", o.baseline)
+		check(harness.BuildRevision(o.baseline, dir))
+		o.baselineDir = dir
+	}
 
 	var all []figures
 	for r := 1; r <= o.runs; r++ {
@@ -132,6 +150,7 @@ type figures struct {
 	receiverRSS                                   float64
 	worker, workerUnique, workerRSS               float64
 	seed, oursSmall                               float64
+	baseline, oursVsBaseline, rBaseline           float64
 	e2eP50, e2eP99, e2eHTTPP99, e2eAchieved, e2eN float64
 	e2eOffered                                    float64
 	e2eReceiverRSS, e2eWorkerRSS                  float64
@@ -149,6 +168,7 @@ func (f *figures) ratios() {
 	f.rReceiver = div(f.receiverRPS, f.rawPublish)
 	f.rWorker = div(f.worker, min(f.pgBatch, f.rawConsume))
 	f.rSeed = div(f.oursSmall, f.seed)
+	f.rBaseline = div(f.oursVsBaseline, f.baseline)
 }
 
 // print prints one run's figures, or with runs the medians of several:
@@ -184,6 +204,11 @@ func (f figures) print(title string, runs ...figures) {
 	fmt.Printf("worker, seed configuration (prefetch 1, batch 1, concurrency 1)\n")
 	fmt.Printf("  deliveries/s                         %9.0f        (ours on the same workload: %.0f/s)\n", f.seed, f.oursSmall)
 	fmt.Printf("  ours / seed configuration            %9.2f        (target >= 10)%s\n", f.rSeed, each(func(r figures) float64 { return r.rSeed }))
+	if f.baseline > 0 {
+		fmt.Printf("worker, baseline %s (same backlog, same run)\n", baselineName)
+		fmt.Printf("  deliveries/s                         %9.0f        (ours: %.0f/s)\n", f.baseline, f.oursVsBaseline)
+		fmt.Printf("  ours / baseline                      %9.2f        (target >= 0.90)%s\n", f.rBaseline, each(func(r figures) float64 { return r.rBaseline }))
+	}
 	fmt.Printf("end to end at %.0f events/s offered (%.0f achieved, %.0f events)\n", f.e2eOffered, f.e2eAchieved, f.e2eN)
 	fmt.Printf("  received -> committed p50 / p99      %9.1f / %.1f ms (target p99 < 100 ms)\n", f.e2eP50, f.e2eP99)
 	fmt.Printf("  HTTP answer p99                      %9.1f ms\n", f.e2eHTTPP99)
@@ -196,7 +221,7 @@ func median(all []figures) figures {
 		return []*float64{&f.rawPublish, &f.rawConsume, &f.pgOne, &f.pgBatch, &f.receiverRPS, &f.receiverP50, &f.receiverP99,
 			&f.receiverRSS, &f.worker, &f.workerUnique, &f.workerRSS, &f.seed, &f.oursSmall, &f.e2eP50, &f.e2eP99,
 			&f.e2eHTTPP99, &f.e2eAchieved, &f.e2eN, &f.e2eReceiverRSS, &f.e2eWorkerRSS, &f.e2eOffered,
-			&f.rReceiver, &f.rWorker, &f.rSeed}
+			&f.rReceiver, &f.rWorker, &f.rSeed, &f.baseline, &f.oursVsBaseline, &f.rBaseline}
 	}
 	dst := fields(&out)
 	for i := range dst {
@@ -226,6 +251,9 @@ func run(ctx context.Context, binDir string, o options) figures {
 	case "e2e":
 		endToEnd(ctx, binDir, o)
 		return f
+	case "baseline":
+		f.baseline, f.oursVsBaseline = vsBaseline(ctx, binDir, o)
+		return f
 	}
 	f.rawPublish, f.rawConsume = rawBroker(ctx, binDir, o.rawMessages)
 	f.pgOne, f.pgBatch = rawPostgres(ctx, binDir)
@@ -239,9 +267,29 @@ func run(ctx context.Context, binDir string, o options) figures {
 	f.seed = workerOnly(ctx, binDir, o.seedEvents, o.dups, "WORKER_PREFETCH=1", "WORKER_BATCH_SIZE=1", "WORKER_CONCURRENCY=1")
 	f.oursSmall = workerOnly(ctx, binDir, o.seedEvents, o.dups, splitEnv(o.workerEnv)...)
 	fmt.Printf("worker on %d deliveries: seed config %.0f/s, ours %.0f/s\n", o.seedEvents*(1+o.dups), f.seed, f.oursSmall)
+	if o.baselineDir != "" {
+		f.baseline, f.oursVsBaseline = vsBaseline(ctx, binDir, o)
+	}
 	f.e2eP50, f.e2eP99, f.e2eHTTPP99, f.e2eAchieved, f.e2eN, f.e2eReceiverRSS, f.e2eWorkerRSS = endToEnd(ctx, binDir, o)
 	f.e2eOffered = float64(o.rate)
 	return f
+}
+
+// baselineName is the revision the baseline phase compares with.
+var baselineName string
+
+// vsBaseline times the baseline's worker and ours, one after the other, on
+// backlogs of the same size, each on its own stack (the baseline's migrate
+// makes its schema).
+func vsBaseline(ctx context.Context, binDir string, o options) (baseline, ours float64) {
+	if o.baselineDir == "" {
+		check(errors.New("-only baseline needs -baseline REV"))
+	}
+	baselineName = o.baseline
+	baseline = workerOnly(ctx, o.baselineDir, o.baselineEvents, o.dups, splitEnv(o.workerEnv)...)
+	ours = workerOnly(ctx, binDir, o.baselineEvents, o.dups, splitEnv(o.workerEnv)...)
+	fmt.Printf("worker on %d deliveries: baseline %s %.0f/s, ours %.0f/s\n", o.baselineEvents*(1+o.dups), o.baseline, baseline, ours)
+	return baseline, ours
 }
 
 func splitEnv(s string) []string {
@@ -345,12 +393,27 @@ func rawPostgres(ctx context.Context, binDir string) (one, batched float64) {
 	st, err := store.Open(ctx, s.DatabaseURL, 16)
 	check(err)
 	defer st.Close()
+	bodies := map[string][]byte{}
 	rec := func(id string) store.Record {
 		body := harness.Body(id)
 		ev, err := event.Decode(body)
 		check(err)
+		bodies[id] = body
 		sum := sha256.Sum256(body)
 		return store.Record{Event: ev, Source: "stripe", PayloadSHA256: sum[:], ReceivedAt: time.Now(), Attempt: 1}
+	}
+	// The worker's effects: the built-in payment effect on the public API.
+	fx := payments.Effects()
+	apply := func(recs []store.Record) store.Apply {
+		return func(ctx context.Context, tx pgx.Tx, fresh []int) ([]bool, error) {
+			evs := make([]effects.Event, len(fresh))
+			for j, i := range fresh {
+				ev := recs[i].Event
+				evs[j] = effects.Event{Source: "stripe", ID: ev.ID, Key: ev.ID, Type: ev.Type, Created: ev.Created,
+					Object: effects.Object{Type: ev.Object.Type, ID: ev.Object.ID}, Raw: bodies[ev.ID], Attempt: 1, Origin: effects.OriginWebhook}
+			}
+			return fx.Apply(ctx, evs, tx, effects.NoOutbox{})
+		}
 	}
 	const nOne = 3000
 	recs := make([]store.Record, nOne)
@@ -359,7 +422,7 @@ func rawPostgres(ctx context.Context, binDir string) (one, batched float64) {
 	}
 	start := time.Now()
 	for i := range recs {
-		_, err := st.Commit(ctx, recs[i:i+1])
+		_, err := st.Commit(ctx, recs[i:i+1], apply(recs[i:i+1]))
 		check(err)
 	}
 	one = nOne / time.Since(start).Seconds()
@@ -382,7 +445,7 @@ func rawPostgres(ctx context.Context, binDir string) (one, batched float64) {
 				if b >= int64(len(all)) {
 					return
 				}
-				_, err := st.Commit(ctx, all[b])
+				_, err := st.Commit(ctx, all[b], apply(all[b]))
 				check(err)
 			}
 		})

@@ -1,0 +1,86 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idempotent-events/idempotent-events/pkg/effects"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
+)
+
+// orders is a team's own effect: an orders row per event, written in the
+// event's transaction. Its answers for some events are chosen by the test.
+func orders(answer func(ev effects.Event) error) option {
+	return func(o *worker.Options, e *env) {
+		_, err := e.store.Pool().Exec(context.Background(), `CREATE TABLE IF NOT EXISTS orders (event_id text PRIMARY KEY, attempt int)`)
+		require.NoError(e.t, err)
+		reg := effects.NewRegistry()
+		reg.HandleFunc("stripe", "payment_intent.*", func(ctx context.Context, ev effects.Event, tx effects.Tx, _ effects.Outbox) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1, $2)`, ev.Key, ev.Attempt); err != nil {
+				return err
+			}
+			return answer(ev) // after the write: a failure must roll it back
+		})
+		o.Effects = reg
+	}
+}
+
+// What a handler returns decides its event's fate, and only its event's: in
+// one batch, the event whose handler says Permanent goes to the DLQ at
+// once (reason rejected_by_handler), RetryAfter and a plain error are tried
+// again through the retry tiers until they commit, Skip commits the ledger
+// row with outcome skipped, and the others commit; every write of a failed
+// attempt is rolled back, so each committed event has exactly one row.
+func TestHandlerResultsDecideTheFateOfTheirEventOnly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	ids := []string{"evt_ok", "evt_perm", "evt_retry_after", "evt_flaky", "evt_skip"}
+	for _, id := range ids {
+		e.publish(e.event(id))
+	}
+	w := e.start(batched(16, 300*time.Millisecond), concurrency(1), orders(func(ev effects.Event) error {
+		switch {
+		case ev.Key == "evt_perm":
+			return effects.Permanent(errors.New("order refused for good"))
+		case ev.Key == "evt_retry_after" && ev.Attempt == 1:
+			return effects.RetryAfter(300*time.Millisecond, errors.New("stock service busy"))
+		case ev.Key == "evt_flaky" && ev.Attempt == 1:
+			return errors.New("transient")
+		case ev.Key == "evt_skip":
+			return effects.Skip("not an order")
+		}
+		return nil
+	}))
+	eventually(t, func() bool { return w.outcomes("processed")+w.outcomes("dead_lettered") == 5 }, "all settled")
+	w.stop(t)
+
+	assert.Equal(t, 4.0, w.outcomes("processed"))
+	assert.Equal(t, 1.0, w.count("idempotent_events_worker_dead_letters_total", "reason", string(broker.ReasonRejectedByHandler)))
+	assert.Equal(t, 1.0, w.count("idempotent_events_worker_retries_total", "tier", "400ms"), "RetryAfter(300ms) takes the first tier of at least 300ms")
+	assert.Equal(t, 1.0, w.count("idempotent_events_worker_retries_total", "tier", "200ms"), "a plain error takes the attempt's tier")
+
+	rows := func(q string, args ...any) int {
+		var n int
+		require.NoError(t, e.store.Pool().QueryRow(context.Background(), q, args...).Scan(&n))
+		return n
+	}
+	for _, id := range []string{"evt_ok", "evt_retry_after", "evt_flaky"} {
+		assert.Equal(t, 1, rows(`SELECT count(*) FROM orders WHERE event_id = $1`, id), id)
+		assert.Equal(t, 1, rows(`SELECT count(*) FROM processed_events WHERE event_id = $1 AND outcome = 'applied'`, id), id)
+	}
+	assert.Equal(t, 2, rows(`SELECT attempt FROM orders WHERE event_id = 'evt_flaky'`), "the first attempt's row was rolled back")
+	assert.Zero(t, rows(`SELECT count(*) FROM orders WHERE event_id = 'evt_perm'`))
+	assert.Zero(t, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_perm'`))
+	assert.Equal(t, 1, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_skip' AND outcome = 'skipped'`))
+	msgs := e.broker.Drain(broker.DLQ)
+	require.Len(t, msgs, 1)
+	assert.Equal(t, "evt_perm", msgs[0].MessageId)
+	assert.Contains(t, msgs[0].Headers[broker.HeaderLastError], "order refused for good")
+	e.invariant()
+}
