@@ -1,10 +1,37 @@
 // Package payments is the built-in payment effect of idempotent-events,
 // written on the public effects API: what the stock worker runs, and the
-// example of a handler.
+// example of a handler. Everything it writes is in the event's transaction.
 //
 // For every event that describes a payment (a Stripe event about a
 // PaymentIntent, or a delivery in the seed's short form) it writes one row
-// of the payments table, in the event's transaction.
+// of the payments table, as it always has.
+//
+// It also keeps the current state of every PaymentIntent and Charge it
+// hears of (tables payment_intents and charges), correct whatever order
+// Stripe's events arrive in, and records how it took each event in
+// payment_events:
+//
+//   - An event older than the object's state is superseded. Age is the
+//     event's created time, which has one-second resolution.
+//   - Within the same second (one operation emits several events in it) an
+//     event's state applies only if it comes after the current one in the
+//     object's legal-transition graph; two states of the same second that
+//     cannot be ordered (processing and requires_payment_method follow each
+//     other both ways) leave the state as it is and mark the object
+//     needs_refresh, to be fetched from Stripe. Event ids are never used to
+//     order events: they are not ordered.
+//   - A newer event whose state cannot follow the current one (a terminal
+//     succeeded or canceled left) is an illegal_transition, recorded and
+//     not applied.
+//   - Cumulative amounts (amount_received, amount_captured,
+//     amount_refunded) are snapshots: the largest reported wins, in any
+//     order; a PaymentIntent's amount_refunded is the sum of its charges'.
+//   - A captured, succeeded charge implies its PaymentIntent succeeded.
+//
+// Every change of an object's state runs the transition handlers of the
+// Registry (effects.Registry.OnTransition) once: "payment succeeded" runs
+// once per PaymentIntent even when payment_intent.succeeded and
+// charge.succeeded both say so.
 package payments
 
 import (
@@ -41,8 +68,9 @@ func (h *handler) Handle(ctx context.Context, ev effects.Event, tx effects.Tx, o
 }
 
 // HandleBatch implements effects.BatchHandler: the payments rows of the
-// whole batch in one statement.
-func (h *handler) HandleBatch(ctx context.Context, evs []effects.Event, tx effects.Tx, _ effects.Outbox) ([]bool, error) {
+// whole batch in one statement, then the objects' states in three (lock,
+// read, write), whatever the batch's size.
+func (h *handler) HandleBatch(ctx context.Context, evs []effects.Event, tx effects.Tx, out effects.Outbox) ([]bool, error) {
 	var rows []paymentRow
 	skipped := make([]bool, len(evs))
 	for i, ev := range evs {
@@ -56,5 +84,15 @@ func (h *handler) HandleBatch(ctx context.Context, evs []effects.Event, tx effec
 			skipped[i] = true
 		}
 	}
-	return skipped, writePayments(ctx, tx, rows)
+	if err := writePayments(ctx, tx, rows); err != nil {
+		return nil, err
+	}
+	described, err := h.keep(ctx, evs, tx, out)
+	if err != nil {
+		return nil, err
+	}
+	for i := range skipped {
+		skipped[i] = skipped[i] && !described[i]
+	}
+	return skipped, nil
 }

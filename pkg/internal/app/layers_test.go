@@ -30,6 +30,8 @@ var layers = map[string]int{
 	// The composition root, the public door, the binaries.
 	"pkg/internal/app": 5, "pkg/service": 6,
 	"cmd/receiver": 7, "cmd/worker": 7, "cmd/migrate": 7, "cmd/eventsctl": 7,
+	// A team's own worker binary, as users write one.
+	"examples/orders": 7,
 }
 
 // testOnly are the packages that exist for tests and the development
@@ -38,6 +40,8 @@ var testOnly = map[string]bool{
 	"pkg/internal/servicetest": true, "pkg/internal/faulttest": true, "pkg/internal/pipelinetest": true,
 	"pkg/internal/event/eventtest": true, "pkg/internal/harness": true, "pkg/internal/e2etest": true,
 	"pkg/internal/cmd/chaos": true, "pkg/internal/cmd/bench": true,
+	// The public test kit of the effects API.
+	"pkg/effects/effectstest": true,
 }
 
 func TestImportsPointDown(t *testing.T) {

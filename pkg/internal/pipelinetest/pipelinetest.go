@@ -13,7 +13,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/app"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
@@ -43,6 +47,12 @@ type Pipeline struct {
 	Topo    broker.Topology
 	Broker  *servicetest.Broker
 	DB      *pgxpool.Pool
+	// Effects are the worker's handlers: payments.Effects() unless the test
+	// sets others before StartWorker.
+	Effects *effects.Registry
+	// Tune, when set, changes the worker's configuration before StartWorker
+	// runs it (a larger batch for a long backlog).
+	Tune func(*config.Worker)
 	// Set by StartWorker.
 	Reg         *prometheus.Registry
 	MetricsAddr string
@@ -55,7 +65,7 @@ type Pipeline struct {
 // reason rejected_by_database).
 func New(t testing.TB) *Pipeline {
 	t.Helper()
-	p := &Pipeline{T: t, AMQPURL: servicetest.VHost(t), DBURL: servicetest.Schema(t), Prefix: servicetest.RedisPrefix(t),
+	p := &Pipeline{T: t, AMQPURL: servicetest.VHost(t), DBURL: servicetest.Schema(t), Prefix: servicetest.RedisPrefix(t), Effects: payments.Effects(),
 		Topo: broker.Topology{QueueType: broker.QueueClassic, RetryDelays: []time.Duration{200 * time.Millisecond}, DeliveryLimit: 100}}
 	p.Broker = servicetest.NewBroker(t, p.AMQPURL, p.Topo)
 	pool, err := pgxpool.New(context.Background(), p.DBURL)
@@ -122,6 +132,10 @@ func (p *Pipeline) Config(adminToken string) config.Worker {
 func (p *Pipeline) StartWorker(adminToken string) {
 	p.T.Helper()
 	cfg := p.Config(adminToken)
+	if p.Tune != nil {
+		p.Tune(&cfg)
+		require.NoError(p.T, cfg.Validate())
+	}
 	p.Reg = prometheus.NewRegistry()
 	p.MetricsAddr = cfg.MetricsAddr
 	if adminToken != "" {
@@ -130,7 +144,7 @@ func (p *Pipeline) StartWorker(adminToken string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- app.RunWorker(ctx, cfg, payments.Effects(), zaptest.NewLogger(p.T).Named("worker"), p.Reg)
+		done <- app.RunWorker(ctx, cfg, p.Effects, zaptest.NewLogger(p.T).Named("worker"), p.Reg)
 	}()
 	p.T.Cleanup(func() {
 		cancel()
@@ -167,6 +181,56 @@ func (p *Pipeline) Publish(id, typ string, body []byte) {
 func (p *Pipeline) PublishEvent(id string) {
 	p.T.Helper()
 	p.Publish(id, "payment_intent.succeeded", p.Event(id))
+}
+
+// PublishAll publishes every body as Publish does, with the message id of
+// the event in it, many at a time on one confirm channel, and waits for
+// every confirm.
+func (p *Pipeline) PublishAll(bodies [][]byte) {
+	p.T.Helper()
+	conn, err := amqp.Dial(p.AMQPURL)
+	require.NoError(p.T, err)
+	defer conn.Close()
+	ch, err := broker.OpenConfirmChannel(conn)
+	require.NoError(p.T, err)
+	defer ch.Close()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 1)
+	for range 32 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(bodies) {
+					return
+				}
+				var id struct{ ID, Type string }
+				if err := json.Unmarshal(bodies[i], &id); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					return
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				err := ch.Publish(ctx, broker.Exchange, broker.RoutingKey, amqp.Publishing{
+					ContentType: "application/json", MessageId: id.ID, Type: id.Type, Timestamp: time.Now(), Body: bodies[i],
+					Headers: amqp.Table{broker.HeaderSource: "stripe", broker.HeaderReceivedAt: time.Now().UnixMilli()},
+				})
+				cancel()
+				if err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	require.NoError(p.T, <-errs)
 }
 
 // PutInDLQ publishes a message straight to events.dlq shaped as the worker
@@ -206,6 +270,14 @@ func (p *Pipeline) publish(exchange, key string, msg amqp.Publishing) {
 
 // Depth is the number of ready messages in queue.
 func (p *Pipeline) Depth(queue string) int { return p.Broker.Depth(queue) }
+
+// LedgerRows is the number of rows in processed_events.
+func (p *Pipeline) LedgerRows() int {
+	p.T.Helper()
+	var n int
+	require.NoError(p.T, p.DB.QueryRow(context.Background(), `SELECT count(*) FROM processed_events`).Scan(&n))
+	return n
+}
 
 // Rows returns the payments and processed_events rows of event id.
 func (p *Pipeline) Rows(id string) (payments, ledger int) {

@@ -45,6 +45,9 @@ type Hook func(ids []string) error
 type Hooks struct {
 	// AfterDedupeCheck runs after the Redis lookup, before the transaction.
 	AfterDedupeCheck Hook
+	// BeforeCommit runs inside the transaction, after the effects ran,
+	// before COMMIT: an error rolls everything back.
+	BeforeCommit Hook
 	// AfterCommit runs after COMMIT, before anything is acked.
 	AfterCommit Hook
 }
@@ -251,6 +254,9 @@ func (w *Worker) commit(ctx context.Context, msgs []*message, isolate bool) erro
 		// duplicates — still one row each.
 		isNew, err = w.commitOnce(ctx, msgs)
 	}
+	if errors.Is(err, errAbandoned) {
+		return err
+	}
 	if err != nil {
 		if isolate && len(msgs) > 1 && isolating(err) {
 			w.log.Warn("batch rejected; committing its messages one by one", zap.Int("size", len(msgs)), zap.Error(err))
@@ -358,6 +364,9 @@ func (w *Worker) commitOnce(ctx context.Context, msgs []*message) (isNew []bool,
 		if err != nil {
 			return nil, &handlerError{err: err}
 		}
+		if err := runHook(w.opts.Hooks.BeforeCommit, msgs); err != nil {
+			return nil, err
+		}
 		return applied, nil
 	}
 	tctx, cancel := context.WithTimeout(ctx, w.opts.ProcessTimeout)
@@ -398,7 +407,7 @@ func originOf(h amqp.Table) effects.Origin {
 // stillReachable reports whether err looks like an outage while Postgres
 // does answer a ping: a connection cut, not Postgres down.
 func (w *Worker) stillReachable(ctx context.Context, err error) bool {
-	if isPermanent(err) || errors.As(err, new(*handlerError)) || !store.IsOutage(err) || ctx.Err() != nil {
+	if isPermanent(err) || errors.As(err, new(*handlerError)) || errors.Is(err, errAbandoned) || !store.IsOutage(err) || ctx.Err() != nil {
 		return false
 	}
 	pctx, cancel := context.WithTimeout(ctx, time.Second)

@@ -1,0 +1,103 @@
+package effectstest_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idempotent-events/idempotent-events/pkg/effects"
+	"github.com/idempotent-events/idempotent-events/pkg/effects/effectstest"
+	"github.com/idempotent-events/idempotent-events/pkg/payments"
+)
+
+// lifecycle returns the events of one PaymentIntent that fails an
+// asynchronous debit, is retried and succeeds, then is partly refunded.
+func lifecycle(t *testing.T, n int) [][]byte {
+	t.Helper()
+	t0 := time.Unix(1_760_000_000, 0)
+	pi := fmt.Sprintf("pi_eo_%d", n)
+	ev := func(i int, typ string, at int, obj map[string]any) []byte {
+		return effectstest.StripeEvent(t, fmt.Sprintf("evt_eo_%d_%d", n, i), typ, t0.Add(time.Duration(at)*time.Second), obj)
+	}
+	charge := func(refunded int64) map[string]any {
+		return map[string]any{"id": "ch_" + pi, "object": "charge", "status": "succeeded", "payment_intent": pi, "captured": true,
+			"amount": 2500, "amount_captured": 2500, "amount_refunded": refunded, "currency": "usd"}
+	}
+	return [][]byte{
+		ev(0, "payment_intent.created", 0, effectstest.PaymentIntent(pi, "requires_payment_method", 2500)),
+		ev(1, "payment_intent.processing", 1, effectstest.PaymentIntent(pi, "processing", 2500)),
+		ev(2, "payment_intent.payment_failed", 9, effectstest.PaymentIntent(pi, "requires_payment_method", 2500)),
+		ev(3, "payment_intent.succeeded", 20, effectstest.PaymentIntent(pi, "succeeded", 2500)),
+		ev(4, "charge.succeeded", 20, charge(0)),
+		ev(5, "charge.refunded", 40, charge(700)),
+	}
+}
+
+// The built-in payment effect, under duplicates and crashes before and
+// after COMMIT, ends with the tables of one clean run. Which event set the
+// state, and how each event was decided (applied or superseded), depend on
+// the order events are processed in, which no two runs share: those columns
+// are not compared; the states, the amounts and one record per event are.
+func TestTheBuiltInPaymentEffectIsExactlyOnce(t *testing.T) {
+	t.Parallel()
+	var fixtures [][]byte
+	for n := range 4 {
+		fixtures = append(fixtures, lifecycle(t, n)...)
+	}
+	effectstest.AssertExactlyOnce(t, effectstest.Options{
+		Effects: payments.Effects(), Fixtures: fixtures,
+		Tables: []string{"payments", "payment_intents", "charges", "payment_events"},
+		Ignore: []string{"id", "created_at", "updated_at", "recorded_at", "status_event_id", "outcome", "from_status"},
+	})
+}
+
+// poolWriter is a handler that breaks the contract: it writes its rows
+// through a connection of its own instead of the transaction it is given.
+func poolWriter(db func() *pgxpool.Pool) effects.HandlerFunc {
+	return func(ctx context.Context, ev effects.Event, _ effects.Tx, _ effects.Outbox) error {
+		_, err := db().Exec(ctx, `INSERT INTO audit_log (event_id) VALUES ($1)`, ev.Key)
+		return err
+	}
+}
+
+// AssertExactlyOnce must catch a handler that writes through the pool: the
+// attempt killed before COMMIT keeps its row. Run in a child test process,
+// which must fail with the assertion's message.
+func TestAssertExactlyOnceCatchesAHandlerThatWritesThroughThePool(t *testing.T) {
+	if os.Getenv("EFFECTSTEST_POOL_WRITER") == "1" {
+		var pool *pgxpool.Pool
+		reg := effects.NewRegistry()
+		reg.Handle("stripe", "*", poolWriter(func() *pgxpool.Pool { return pool }))
+		effectstest.AssertExactlyOnce(t, effectstest.Options{
+			Effects: reg,
+			Fixtures: [][]byte{
+				effectstest.StripeEvent(t, "evt_pw_1", "payment_intent.succeeded", time.Now(), effectstest.PaymentIntent("pi_pw_1", "succeeded", 100)),
+				effectstest.StripeEvent(t, "evt_pw_2", "payment_intent.succeeded", time.Now(), effectstest.PaymentIntent("pi_pw_2", "succeeded", 100)),
+			},
+			Setup: func(ctx context.Context, db *pgxpool.Pool) error {
+				p, err := pgxpool.New(ctx, db.Config().ConnString())
+				if err != nil {
+					return err
+				}
+				t.Cleanup(p.Close)
+				pool = p
+				_, err = db.Exec(ctx, `CREATE TABLE audit_log (event_id text)`)
+				return err
+			},
+			Tables: []string{"audit_log"},
+		})
+		return
+	}
+	t.Parallel()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAssertExactlyOnceCatchesAHandlerThatWritesThroughThePool$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "EFFECTSTEST_POOL_WRITER=1")
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "AssertExactlyOnce passed a handler that writes through the pool:\n%s", out)
+	require.Contains(t, string(out), "table audit_log differs between one clean run and the run with duplicates and crashes", "%s", out)
+}
