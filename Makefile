@@ -52,16 +52,21 @@ fuzz: ## Every fuzz target for 3 minutes; fails only on a failing input written 
 	hack/fuzz.sh 3m
 
 .PHONY: chaos-short
-chaos-short: ## Every chaos scenario, small: 500 events x 4 deliveries each, 10 s Postgres outage (about 4 minutes)
+chaos-short: ## Every chaos scenario, small: 500 payments of 2 events x 4 deliveries each, 10 s Postgres outage (about 4 minutes)
 	$(GO) run ./pkg/internal/cmd/chaos -events 500 -dups 3 -duration 8s -pg-outage 10s
 
 .PHONY: chaos
-chaos: services ## The long chaos run: 50,000 events x 4 deliveries per scenario, 60 s Postgres outage, real FLUSHALL
+chaos: services ## The long chaos run: 50,000 payments of 2 events x 4 deliveries per scenario, 60 s Postgres outage, real FLUSHALL
 	$(GO) run ./pkg/internal/cmd/chaos -events 50000 -dups 3 -duration 60s -pg-outage 60s -flushall
 
 .PHONY: bench
-bench: services ## Benchmark harness: receiver, worker, end-to-end and memory beside this machine's raw limits (medians of 3 runs)
-	$(GO) run ./pkg/internal/cmd/bench -runs 3
+# The worker's drain rate is compared, in the same run, with the worker of
+# BENCH_BASELINE: the last revision before the effects API (one-statement
+# commits with the payments row).
+BENCH_BASELINE ?= 5bb25a2
+
+bench: services ## Benchmark harness: receiver, worker, end-to-end and memory beside this machine's raw limits, and the worker beside BENCH_BASELINE's (medians of 3 runs)
+	$(GO) run ./pkg/internal/cmd/bench -runs 3 -baseline $(BENCH_BASELINE)
 
 .PHONY: check-observability
 check-observability: ## promtool check/test of the alert rules, dashboard validation, runbook coverage

@@ -13,6 +13,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -29,7 +30,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idempotent-events/idempotent-events/pkg/internal/event/eventtest"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/webhook"
 )
@@ -264,8 +264,52 @@ func NewSender(baseURL, secret string, conc int) *Sender {
 
 // Body returns a Stripe payment event for id.
 func Body(id string) []byte {
-	b := eventtest.Payment(id, eventtest.Amount(4200))
+	return intentEvent(id, id, "payment_intent.succeeded", "succeeded", bodyEpoch, 4200)
+}
+
+// FailedDebitBody returns the events of a payment whose asynchronous debit
+// failed, as Stripe sends them: for id, the payment_intent.payment_failed
+// event (back to requires_payment_method); for id+"_p", the
+// payment_intent.processing event of the same PaymentIntent, created 10 s
+// earlier. In order they leave it requires_payment_method with nothing
+// received; the two states follow each other both ways, so only the
+// created times order them. WrongStates counts the payments that end
+// otherwise.
+func FailedDebitBody(id string) []byte {
+	if base, ok := strings.CutSuffix(id, "_p"); ok {
+		return intentEvent(id, base, "payment_intent.processing", "processing", bodyEpoch-10, 0)
+	}
+	return intentEvent(id, id, "payment_intent.payment_failed", "requires_payment_method", bodyEpoch, 0)
+}
+
+// intentEvent is a Stripe event id about the PaymentIntent of payment (its
+// id with pi_ for evt_), created at the unix time at.
+func intentEvent(id, payment, typ, status string, at, received int64) []byte {
+	b, err := json.Marshal(map[string]any{"id": id, "object": "event", "api_version": "2024-06-20", "created": at,
+		"livemode": false, "pending_webhooks": 1, "type": typ,
+		"data": map[string]any{"object": map[string]any{"id": "pi_" + strings.TrimPrefix(payment, "evt_"), "object": "payment_intent",
+			"amount": 4200, "amount_received": received, "currency": "usd", "status": status}}})
+	if err != nil {
+		panic(err) // maps of strings and numbers always marshal
+	}
 	return b
+}
+
+// bodyEpoch is the created time of the events Body and FailedDebitBody
+// make: one for the run, so that the order of a payment's events is fixed
+// whenever they are sent.
+var bodyEpoch = time.Now().Unix()
+
+// WrongStates counts the payments among ids (FailedDebitBody's, without the
+// suffix) whose PaymentIntent is missing or not in the state their events
+// give in order: requires_payment_method, nothing received, not needing a
+// refresh.
+func (s *Stack) WrongStates(ctx context.Context, ids []string) (int, error) {
+	var n int
+	err := s.DB.QueryRow(ctx, `SELECT count(*) FROM unnest($1::text[]) AS w(id)
+		LEFT JOIN payment_intents p ON p.id = 'pi_' || substr(w.id, 5)
+		WHERE p.id IS NULL OR p.status <> 'requires_payment_method' OR p.amount_received <> 0 OR p.needs_refresh`, ids).Scan(&n)
+	return n, err
 }
 
 // Send signs body now and posts it; it returns the status code (0 when the

@@ -1,12 +1,15 @@
 // Command chaos runs the real receiver and workers as separate processes
-// against the local services, sends N unique events with k duplicates each
-// (signed, concurrent, shuffled, every delivery retried until the receiver
-// answers 2xx, as a provider would), injects faults while they flow, and
-// then checks the ledger:
+// against the local services, sends N payments of two events each
+// (payment_intent.processing, then payment_failed 10 s later by their
+// created times: a failed debit) with k duplicates of every event (signed, concurrent, shuffled,
+// every delivery retried until the receiver answers 2xx, as a provider
+// would), injects faults while they flow, and then checks the ledger:
 //
-//   - processed: payments rows == N, and every 2xx'd event has its row (lost = 0)
+//   - processed: payments rows == 2N, and every 2xx'd event has its row (lost = 0)
 //   - doubled: no event id twice in processed_events or payments
 //   - DLQ and retry queues empty, events.main drained
+//   - state: every payment's PaymentIntent ends as its events in order
+//     leave it (requires_payment_method), whatever order they came in
 //
 // It prints one line of figures per scenario and exits 1 on any loss,
 // double or leftover. Faults: SIGKILL of workers and of the receiver,
@@ -76,8 +79,8 @@ func main() {
 	if o.scenarios != "all" {
 		selected = strings.Split(o.scenarios, ",")
 	}
-	fmt.Printf("%-16s %8s %8s %7s %9s %5s %7s %4s %4s %8s  %s\n",
-		"scenario", "events", "sent", "faults", "processed", "lost", "doubled", "dlq", "left", "wall", "peak RSS receiver/worker MiB")
+	fmt.Printf("%-16s %8s %8s %7s %9s %5s %7s %4s %4s %5s %8s  %s\n",
+		"scenario", "events", "sent", "faults", "processed", "lost", "doubled", "dlq", "left", "state", "wall", "peak RSS receiver/worker MiB")
 	failed := false
 	for _, name := range selected {
 		sc, ok := scenarios[name]
@@ -196,14 +199,14 @@ type result struct {
 	name                          string
 	events, sent, faults          int
 	processed, lost, doubled, dlq int
-	left                          int
+	left, wrongState              int
 	wall                          time.Duration
 	receiverPeak, workerPeak      int64
 	detail                        string
 }
 
 func (r result) ok() bool {
-	return r.lost == 0 && r.doubled == 0 && r.dlq == 0 && r.left == 0 && r.processed == r.events
+	return r.lost == 0 && r.doubled == 0 && r.dlq == 0 && r.left == 0 && r.wrongState == 0 && r.processed == r.events
 }
 
 func (r result) line() string {
@@ -211,8 +214,8 @@ func (r result) line() string {
 	if !r.ok() {
 		status = "FAIL"
 	}
-	return fmt.Sprintf("%-16s %8d %8d %7d %9d %5d %7d %4d %4d %8s  %.0f/%.0f %s",
-		r.name, r.events, r.sent, r.faults, r.processed, r.lost, r.doubled, r.dlq, r.left,
+	return fmt.Sprintf("%-16s %8d %8d %7d %9d %5d %7d %4d %4d %5d %8s  %.0f/%.0f %s",
+		r.name, r.events, r.sent, r.faults, r.processed, r.lost, r.doubled, r.dlq, r.left, r.wrongState,
 		r.wall.Round(100*time.Millisecond), float64(r.receiverPeak)/(1<<20), float64(r.workerPeak)/(1<<20), status)
 }
 
@@ -261,9 +264,14 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	}
 	go func() { faultsDone <- sc(sys, stopFaults, o) }()
 
-	ids := make([]string, o.events)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("evt_chaos_%s_%07d", name, i)
+	// Every payment is two events, sent shuffled like the rest: processing,
+	// then (10 s later by their created times) payment_failed: a failed
+	// asynchronous debit (harness.FailedDebitBody).
+	ids := make([]string, 0, 2*o.events)
+	payments := make([]string, o.events)
+	for i := range payments {
+		payments[i] = fmt.Sprintf("evt_chaos_%s_%07d", name, i)
+		ids = append(ids, payments[i], payments[i]+"_p")
 	}
 	accepted, sent := sendAll(ctx, sys, ids, o)
 	close(stopFaults)
@@ -276,8 +284,13 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 		p.SetLatency(0)
 	}
 	r := settle(ctx, sys, name, ids, accepted)
+	r.wrongState, err = sys.stack.WrongStates(ctx, payments)
+	check(err)
+	if r.wrongState > 0 {
+		r.detail += fmt.Sprintf("  %d payments did not end in the state of their events in order (requires_payment_method after a failed debit)\n", r.wrongState)
+	}
 	close(stopRSS)
-	r.events, r.sent, r.faults, r.wall = o.events, sent, faults, time.Since(start)
+	r.events, r.sent, r.faults, r.wall = len(ids), sent, faults, time.Since(start)
 	r.receiverPeak, r.workerPeak = sys.receiverPeak, sys.workerPeak
 	return r
 }
@@ -312,7 +325,7 @@ func sendAll(ctx context.Context, sys *system, ids []string, o options) (*sync.M
 	for c := 0; c < o.conc; c++ {
 		wg.Go(func() {
 			for id := range work {
-				body := harness.Body(id)
+				body := harness.FailedDebitBody(id)
 				backoff := 50 * time.Millisecond
 				for {
 					requests.Add(1)
