@@ -67,32 +67,36 @@ func (h *handler) Handle(ctx context.Context, ev effects.Event, tx effects.Tx, o
 	return err
 }
 
-// HandleBatch implements effects.BatchHandler: the payments rows of the
-// whole batch in one statement, then the objects' states in three (lock,
-// read, write), whatever the batch's size.
+// HandleBatch implements effects.BatchHandler. Each body is decoded once;
+// a batch without objects to keep is one statement (the payments rows),
+// any other three whatever its size (lock, read, write).
 func (h *handler) HandleBatch(ctx context.Context, evs []effects.Event, tx effects.Tx, out effects.Outbox) ([]bool, error) {
 	var rows []paymentRow
-	skipped := make([]bool, len(evs))
+	var obs []observation
+	paid := make([]bool, len(evs))
 	for i, ev := range evs {
-		r, ok, err := paymentOf(ev)
+		r, ok, o, err := decode(i, ev)
 		if err != nil {
 			return nil, err
 		}
 		if ok {
-			rows = append(rows, r)
-		} else {
-			skipped[i] = true
+			rows, paid[i] = append(rows, r), true
 		}
+		obs = append(obs, o...)
 	}
-	if err := writePayments(ctx, tx, rows); err != nil {
-		return nil, err
+	skipped := make([]bool, len(evs))
+	if len(obs) == 0 {
+		for i := range skipped {
+			skipped[i] = !paid[i]
+		}
+		return skipped, writePayments(ctx, tx, rows)
 	}
-	described, err := h.keep(ctx, evs, tx, out)
+	described, err := h.keep(ctx, evs, obs, rows, tx, out)
 	if err != nil {
 		return nil, err
 	}
 	for i := range skipped {
-		skipped[i] = skipped[i] && !described[i]
+		skipped[i] = !paid[i] && !described[i]
 	}
 	return skipped, nil
 }

@@ -2,7 +2,6 @@ package payments
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -37,42 +36,23 @@ type observation struct {
 	livemode                                               bool
 }
 
-type wireObject struct {
-	Livemode bool `json:"livemode"`
-	Data     struct {
-		Object *struct {
-			Object         string  `json:"object"`
-			ID             string  `json:"id"`
-			Status         string  `json:"status"`
-			Amount         int64   `json:"amount"`
-			AmountReceived int64   `json:"amount_received"`
-			AmountCaptured int64   `json:"amount_captured"`
-			AmountRefunded int64   `json:"amount_refunded"`
-			Captured       bool    `json:"captured"`
-			Currency       string  `json:"currency"`
-			PaymentIntent  *string `json:"payment_intent"`
-		} `json:"object"`
-	} `json:"data"`
-}
-
 // observe returns what ev says about the objects whose state is kept:
 // nothing for other objects, for the short form and for an event without
 // a created time (it cannot be ordered).
-func observe(i int, ev effects.Event) ([]observation, error) {
-	if ev.Object.Type != PaymentIntent && ev.Object.Type != Charge || ev.Object.ID == "" || ev.Created.IsZero() {
-		return nil, nil
-	}
-	var w wireObject
-	if err := json.Unmarshal(ev.Raw, &w); err != nil {
-		return nil, effects.Permanent(fmt.Errorf("decode %s of %s: %w", ev.Object.Type, ev.Key, err))
-	}
+func observe(i int, ev effects.Event, w *wireEvent) []observation {
 	o := w.Data.Object
-	if o == nil || o.Status == "" {
-		return nil, nil
+	if ev.Object.Type != PaymentIntent && ev.Object.Type != Charge || ev.Object.ID == "" || ev.Created.IsZero() ||
+		o == nil || o.Status == nil || *o.Status == "" {
+		return nil
 	}
-	obs := observation{ev: i, kind: o.Object, id: o.ID, status: o.Status, at: ev.Created, amount: o.Amount,
-		amountReceived: o.AmountReceived, amountCaptured: o.AmountCaptured, amountRefunded: o.AmountRefunded,
-		currency: strings.ToLower(o.Currency), livemode: w.Livemode}
+	obs := observation{ev: i, kind: o.Object, id: o.ID, status: *o.Status, at: ev.Created,
+		amountReceived: o.AmountReceived, amountCaptured: o.AmountCaptured, amountRefunded: o.AmountRefunded, livemode: w.Livemode}
+	if o.Amount != nil {
+		obs.amount = *o.Amount
+	}
+	if o.Currency != nil {
+		obs.currency = strings.ToLower(*o.Currency)
+	}
 	if o.PaymentIntent != nil {
 		obs.paymentIntent = *o.PaymentIntent
 	}
@@ -81,7 +61,7 @@ func observe(i int, ev effects.Event) ([]observation, error) {
 		out = append(out, observation{ev: i, kind: PaymentIntent, id: obs.paymentIntent, status: "succeeded", at: ev.Created,
 			implied: true, amount: obs.amount, amountReceived: obs.amountCaptured, currency: obs.currency, livemode: obs.livemode})
 	}
-	return out, nil
+	return out
 }
 
 // objectKey names an object across types.
@@ -133,8 +113,8 @@ SELECT 'charge', id, status, status_event_id, status_created, needs_refresh,
 	amount, 0, amount_captured, amount_refunded, currency, payment_intent_id, false
 FROM charges WHERE id = ANY($2) OR payment_intent_id = ANY($1)`
 
-// writeStates writes the changed states and the event records in one
-// statement.
+// writeStates writes the changed states, the event records and the
+// payments rows ($29…) in one statement.
 const writeStates = `
 WITH pi AS (
 	INSERT INTO payment_intents AS p (id, status, status_event_id, status_created, needs_refresh, amount,
@@ -154,6 +134,11 @@ WITH pi AS (
 		status_created = excluded.status_created, needs_refresh = excluded.needs_refresh, amount = excluded.amount,
 		amount_captured = excluded.amount_captured, amount_refunded = excluded.amount_refunded,
 		currency = excluded.currency, payment_intent_id = excluded.payment_intent_id, updated_at = now()
+), pay AS (
+	INSERT INTO payments (event_id, payment_intent_id, event_type, amount_cents, currency, status, livemode, event_created_at)
+	SELECT p.* FROM unnest($29::text[], $30::text[], $31::text[], $32::bigint[], $33::text[], $34::text[], $35::bool[], $36::timestamptz[])
+		AS p(event_id, payment_intent_id, event_type, amount_cents, currency, status, livemode, event_created_at)
+	ORDER BY 1
 )
 INSERT INTO payment_events (event_id, object_type, object_id, event_type, event_created, status, outcome, from_status)
 SELECT * FROM unnest($21::text[], $22::text[], $23::text[], $24::text[], $25::timestamptz[], $26::text[], $27::text[], $28::text[])`
@@ -162,19 +147,8 @@ SELECT * FROM unnest($21::text[], $22::text[], $23::text[], $24::text[], $25::ti
 // writes the states and one payment_events row per event that described
 // an object, and runs the transition handlers of every change of state.
 // It reports which events described an object.
-func (h *handler) keep(ctx context.Context, evs []effects.Event, tx effects.Tx, out effects.Outbox) ([]bool, error) {
-	var obs []observation
-	for i, ev := range evs {
-		o, err := observe(i, ev)
-		if err != nil {
-			return nil, err
-		}
-		obs = append(obs, o...)
-	}
+func (h *handler) keep(ctx context.Context, evs []effects.Event, obs []observation, payments []paymentRow, tx effects.Tx, out effects.Outbox) ([]bool, error) {
 	described := make([]bool, len(evs))
-	if len(obs) == 0 {
-		return described, nil
-	}
 	states, err := readLocked(ctx, tx, obs)
 	if err != nil {
 		return nil, err
@@ -209,7 +183,7 @@ func (h *handler) keep(ctx context.Context, evs []effects.Event, tx effects.Tx, 
 		}
 	}
 	refundTotals(states)
-	if err := writeLocked(ctx, tx, states, records); err != nil {
+	if err := writeLocked(ctx, tx, states, records, payments); err != nil {
 		return nil, err
 	}
 	for _, t := range transitions {
@@ -291,8 +265,9 @@ func readLocked(ctx context.Context, tx effects.Tx, obs []observation) (map[obje
 	return states, nil
 }
 
-// writeLocked writes the changed states and the event records.
-func writeLocked(ctx context.Context, tx effects.Tx, states map[objectKey]*objectState, records []eventRecord) error {
+// writeLocked writes the changed states, the event records and the
+// payments rows, in one statement.
+func writeLocked(ctx context.Context, tx effects.Tx, states map[objectKey]*objectState, records []eventRecord, payments []paymentRow) error {
 	keys := make([]objectKey, 0, len(states))
 	for k, s := range states {
 		if s.dirty && s.known {
@@ -315,10 +290,11 @@ func writeLocked(ctx context.Context, tx effects.Tx, states map[objectKey]*objec
 	for i, r := range records {
 		ek[i], kinds[i], ids[i], types[i], statuses[i], outcomes[i], froms[i], at[i] = r.key, r.kind, r.id, r.eventType, r.status, r.outcome, r.from, r.at
 	}
-	_, err := tx.Exec(ctx, writeStates,
+	args := append([]any{
 		pi.ids, pi.statuses, pi.events, pi.at, pi.refresh, pi.amount, pi.received, pi.refunded, pi.currency, pi.livemode,
 		ch.ids, ch.statuses, ch.events, ch.at, ch.refresh, ch.amount, ch.captured, ch.refunded, ch.currency, ch.paymentIntent,
-		ek, kinds, ids, types, at, statuses, outcomes, froms)
+		ek, kinds, ids, types, at, statuses, outcomes, froms}, paymentColumns(payments)...)
+	_, err := tx.Exec(ctx, writeStates, args...)
 	if err != nil {
 		return fmt.Errorf("write payment objects: %w", err)
 	}

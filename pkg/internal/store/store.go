@@ -116,11 +116,18 @@ const (
 	OutcomeSkipped = "skipped"
 )
 
+// Tx is the transaction Commit gives Apply.
+type Tx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // Apply writes the effects of the records at fresh (indexes into the
 // records given to Commit, whose ledger rows are new) in tx, and reports
 // for each of them whether it was applied (false: no handler had anything
 // to do, outcome skipped). An error rolls the whole transaction back.
-type Apply func(ctx context.Context, tx pgx.Tx, fresh []int) (applied []bool, err error)
+type Apply func(ctx context.Context, tx Tx, fresh []int) (applied []bool, err error)
 
 // Commit writes recs in one transaction: their ledger rows, then through
 // apply the effects of the records whose row is new; a record whose row
@@ -150,15 +157,12 @@ func (s *Store) Commit(ctx context.Context, recs []Record, apply Apply) ([]bool,
 		attempts[i] = int32(max(r.Attempt, 1))
 	}
 	var isNew []bool
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, insertLedger, ids, sources, types, digests, received, attempts)
-		if err != nil {
-			return err
-		}
-		inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return err
-		}
+	var inserted []string
+	readLedger := func(rows pgx.Rows) (err error) {
+		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	}
+	err := s.inTx(ctx, readLedger, func(tx Tx) error {
 		slices.Sort(inserted)
 		isNew = make([]bool, n)
 		var fresh []int
@@ -186,11 +190,53 @@ func (s *Store) Commit(ctx context.Context, recs []Record, apply Apply) ([]bool,
 			}
 		}
 		return nil
-	})
+	}, insertLedger, ids, sources, types, digests, received, attempts)
 	if err != nil {
 		return nil, fmt.Errorf("commit %d events: %w", n, err)
 	}
 	return isNew, nil
+}
+
+// inTx runs a transaction on one connection: BEGIN and the first
+// statement (first, with args) in one round trip, read reading the first
+// statement's rows, then fn. It commits when both return nil and rolls
+// back otherwise.
+func (s *Store) inTx(ctx context.Context, read func(pgx.Rows) error, fn func(tx Tx) error, first string, args ...any) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(first, args...)
+	br := conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			err = read(rows)
+			rows.Close()
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = fn(conn)
+	}
+	if err == nil {
+		_, err = conn.Exec(ctx, "COMMIT")
+		if err == nil {
+			return nil
+		}
+	}
+	// The connection may be broken or mid-transaction: roll back what can
+	// be, and let the pool drop a connection that is not idle afterwards.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, _ = conn.Exec(rctx, "ROLLBACK")
+	return err
 }
 
 // Digests returns, for each id in order, the hex content digest of its

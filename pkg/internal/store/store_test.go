@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -42,7 +41,7 @@ func probe(t *testing.T, st *store.Store, recs []store.Record, skip ...string) s
 	t.Helper()
 	_, err := st.Pool().Exec(context.Background(), `CREATE TABLE IF NOT EXISTS effects_probe (event_id text PRIMARY KEY, amount bigint CHECK (amount >= 0))`)
 	require.NoError(t, err)
-	return func(ctx context.Context, tx pgx.Tx, fresh []int) ([]bool, error) {
+	return func(ctx context.Context, tx store.Tx, fresh []int) ([]bool, error) {
 		applied := make([]bool, len(fresh))
 		for j, i := range fresh {
 			if slices.Contains(skip, recs[i].Event.ID) {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
@@ -355,7 +354,7 @@ func (w *Worker) commitOnce(ctx context.Context, msgs []*message) (isNew []bool,
 			Attempt:       m.attempt,
 		}
 	}
-	apply := func(ctx context.Context, tx pgx.Tx, fresh []int) ([]bool, error) {
+	apply := func(ctx context.Context, tx store.Tx, fresh []int) ([]bool, error) {
 		evs := make([]effects.Event, len(fresh))
 		for j, i := range fresh {
 			evs[j] = msgs[i].effectsEvent()

@@ -29,7 +29,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -405,7 +404,7 @@ func rawPostgres(ctx context.Context, binDir string) (one, batched float64) {
 	// The worker's effects: the built-in payment effect on the public API.
 	fx := payments.Effects()
 	apply := func(recs []store.Record) store.Apply {
-		return func(ctx context.Context, tx pgx.Tx, fresh []int) ([]bool, error) {
+		return func(ctx context.Context, tx store.Tx, fresh []int) ([]bool, error) {
 			evs := make([]effects.Event, len(fresh))
 			for j, i := range fresh {
 				ev := recs[i].Event
