@@ -72,9 +72,10 @@ type Message struct {
 	// ObjectID orders the messages of one object (the PaymentIntent's id):
 	// downstream they arrive in the order they were enqueued.
 	ObjectID string
-	// Exchange and RoutingKey say where to publish it.
+	// Exchange and RoutingKey say where to publish it; Exchange is
+	// "effects" (a topic exchange the relay declares) when empty.
 	Exchange, RoutingKey string
-	Headers              map[string]any
+	Headers              map[string]string
 	Body                 []byte
 }
 
@@ -84,13 +85,12 @@ type Outbox interface {
 	Enqueue(ctx context.Context, ev Event, m Message) error
 }
 
-// ErrNoOutbox is what Enqueue returns while the worker runs without an
-// outbox relay: the event is retried (and dead-lettered in the end) rather
-// than its message dropped.
-var ErrNoOutbox = errors.New("effects: no outbox is configured on this worker: the message cannot be published")
+// ErrNoOutbox is what NoOutbox's Enqueue returns: the event is retried (and
+// dead-lettered in the end) rather than its message dropped.
+var ErrNoOutbox = errors.New("effects: no outbox here: the message cannot be published")
 
-// NoOutbox is the Outbox of a worker without a relay: every Enqueue fails
-// with ErrNoOutbox.
+// NoOutbox is an Outbox that takes nothing: every Enqueue fails with
+// ErrNoOutbox. Tests of handlers that enqueue nothing use it.
 type NoOutbox struct{}
 
 // Enqueue implements Outbox.

@@ -24,9 +24,11 @@ var layers = map[string]int{
 	"pkg/internal/telemetry": 1, "pkg/internal/store": 1, "pkg/internal/dedupe": 1, "pkg/internal/migrate": 1,
 	"pkg/internal/broker": 2, "pkg/internal/queuestats": 2,
 	// The pipeline and the DLQ engine.
-	"pkg/internal/receiver": 3, "pkg/internal/worker": 3, "pkg/internal/dlq": 3,
+	"pkg/internal/receiver": 3, "pkg/internal/worker": 3, "pkg/internal/dlq": 3, "pkg/internal/outbox": 3,
 	// What operators use.
 	"pkg/internal/admin": 4, "pkg/internal/eventsctl": 4,
+	// The consumer kit of downstream services (public).
+	"pkg/consumer": 4,
 	// The composition root, the public door, the binaries.
 	"pkg/internal/app": 5, "pkg/service": 6,
 	"cmd/receiver": 7, "cmd/worker": 7, "cmd/migrate": 7, "cmd/eventsctl": 7,

@@ -17,6 +17,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dedupe"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dlq"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/httpserver"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/queuestats"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
@@ -73,6 +74,7 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 		Ledger:          st,
 		Cache:           cache,
 		Effects:         fx,
+		Outbox:          func(tx effects.Tx) effects.Outbox { return outbox.Writer{Tx: tx} },
 		Logger:          log,
 		Metrics:         worker.NewMetrics(reg),
 	})
@@ -98,11 +100,19 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 	if err != nil {
 		return err
 	}
+	relay, err := newRelay(cfg, st.Pool(), log.Named("outbox"), reg)
+	if err != nil {
+		return err
+	}
 
 	var wg sync.WaitGroup
 	var metricsErr, adminErr error
 	if stats != nil {
 		wg.Go(func() { _ = stats.Run(ctx) })
+	}
+	var relayErr error
+	if relay != nil {
+		wg.Go(func() { relayErr = relay.Run(ctx) })
 	}
 	wg.Go(func() { metricsErr = metrics.Run(ctx) })
 	if adm != nil {
@@ -112,7 +122,21 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 	log.Info("worker starting", zap.String("metrics_addr", metrics.Addr().String()))
 	err = w.Run(ctx)
 	wg.Wait()
-	return errors.Join(err, metricsErr, adminErr)
+	return errors.Join(err, metricsErr, adminErr, relayErr)
+}
+
+// newRelay builds the outbox relay, or nil with OUTBOX_RELAY=off.
+func newRelay(cfg config.Worker, pool *pgxpool.Pool, log *zap.Logger, reg prometheus.Registerer) (*outbox.Relay, error) {
+	if !cfg.RelayEnabled() {
+		return nil, nil
+	}
+	return outbox.NewRelay(outbox.Options{
+		Pool: pool, DatabaseURL: cfg.DatabaseURL,
+		Dialer:    broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events outbox relay", MaxBackoff: cfg.AMQPReconnectMaxBackoff},
+		BatchSize: cfg.OutboxBatchSize, PollInterval: cfg.OutboxPoll, PublishTimeout: cfg.PublishTimeout,
+		MaxAttempts: cfg.OutboxMaxAttempts, MaxBackoff: cfg.OutboxMaxBackoff, Retention: cfg.OutboxRetention,
+		Logger: log, Metrics: outbox.NewMetrics(reg),
+	})
 }
 
 // newAdmin builds the admin server the worker runs on ADMIN_ADDR: the DLQ

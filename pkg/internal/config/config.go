@@ -158,6 +158,40 @@ type Worker struct {
 	// "off" disables the queue metrics.
 	RabbitMQManagementURL string        `envconfig:"RABBITMQ_MANAGEMENT_URL" default:"auto" sensitive:"true"`
 	QueueStatsInterval    time.Duration `envconfig:"QUEUE_STATS_INTERVAL" default:"15s"`
+
+	Outbox
+}
+
+// Outbox configures the worker's outbox relay, which publishes the
+// messages effects handlers enqueue.
+type Outbox struct {
+	// OutboxRelay runs the relay in this worker ("on") or not ("off":
+	// another process publishes the outbox).
+	OutboxRelay       string        `envconfig:"OUTBOX_RELAY" default:"on"`
+	OutboxBatchSize   int           `envconfig:"OUTBOX_BATCH_SIZE" default:"100"`
+	OutboxPoll        time.Duration `envconfig:"OUTBOX_POLL_INTERVAL" default:"1s"`
+	OutboxMaxAttempts int           `envconfig:"OUTBOX_MAX_ATTEMPTS" default:"10"`
+	OutboxMaxBackoff  time.Duration `envconfig:"OUTBOX_MAX_BACKOFF" default:"5m"`
+	// OutboxRetention is how long published rows are kept.
+	OutboxRetention time.Duration `envconfig:"OUTBOX_RETENTION" default:"168h"`
+}
+
+// RelayEnabled reports whether the worker runs the outbox relay.
+func (o *Outbox) RelayEnabled() bool { return o.OutboxRelay == "on" }
+
+func (o *Outbox) validate(p *problems) {
+	switch o.OutboxRelay {
+	case "on", "off":
+	default:
+		p.add("OUTBOX_RELAY", "must be on or off, got %q", o.OutboxRelay)
+	}
+	checkRange(p, "OUTBOX_BATCH_SIZE", int64(o.OutboxBatchSize), 1, 10000)
+	checkPositive(p, "OUTBOX_POLL_INTERVAL", o.OutboxPoll)
+	checkRange(p, "OUTBOX_MAX_ATTEMPTS", int64(o.OutboxMaxAttempts), 1, 1000)
+	checkPositive(p, "OUTBOX_MAX_BACKOFF", o.OutboxMaxBackoff)
+	if o.OutboxRetention < time.Hour {
+		p.add("OUTBOX_RETENTION", "must be at least 1h, got %s", o.OutboxRetention)
+	}
 }
 
 // Migrate is the configuration of the migrate binary.

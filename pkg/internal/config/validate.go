@@ -188,6 +188,7 @@ func (c *Worker) Validate() error {
 			p.add("RABBITMQ_MANAGEMENT_URL", "must be auto, off, or an http(s) URL")
 		}
 	}
+	c.Outbox.validate(&p)
 	if c.QueueStatsInterval < time.Second {
 		p.add("QUEUE_STATS_INTERVAL", "must be at least 1s, got %s", c.QueueStatsInterval)
 	}

@@ -121,6 +121,8 @@ func (p *Pipeline) Config(adminToken string) config.Worker {
 		BatchWait: 5 * time.Millisecond, OutageMode: "pause", DBMaxConns: 4, ProcessTimeout: 5 * time.Second,
 		PublishTimeout: 5 * time.Second, ShutdownTimeout: 5 * time.Second, RabbitMQManagementURL: "off",
 		QueueStatsInterval: 15 * time.Second,
+		Outbox: config.Outbox{OutboxRelay: "on", OutboxBatchSize: 100, OutboxPoll: 100 * time.Millisecond, OutboxMaxAttempts: 5,
+			OutboxMaxBackoff: time.Second, OutboxRetention: 168 * time.Hour},
 	}
 	require.NoError(p.T, cfg.Validate())
 	return cfg

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
 )
 
@@ -83,4 +84,39 @@ func TestHandlerResultsDecideTheFateOfTheirEventOnly(t *testing.T) {
 	assert.Equal(t, "evt_perm", msgs[0].MessageId)
 	assert.Contains(t, msgs[0].Headers[broker.HeaderLastError], "order refused for good")
 	e.invariant()
+}
+
+// A handler that enqueues a message and then fails leaves neither the
+// message nor the ledger row: the outbox row is written in the event's
+// transaction and rolled back with it. The one that succeeds leaves both.
+func TestAHandlerThatEnqueuesThenFailsLeavesNeitherMessageNorLedgerRow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	e.publish(e.event("evt_enq_fails"))
+	e.publish(e.event("evt_enq_ok"))
+	w := e.start(batched(16, 200*time.Millisecond), func(o *worker.Options, _ *env) {
+		reg := effects.NewRegistry()
+		reg.HandleFunc("stripe", "*", func(ctx context.Context, ev effects.Event, _ effects.Tx, out effects.Outbox) error {
+			if err := out.Enqueue(ctx, ev, effects.Message{Effect: "receipt", RoutingKey: "email.receipt"}); err != nil {
+				return err
+			}
+			if ev.Key == "evt_enq_fails" {
+				return effects.Permanent(errors.New("refused after enqueuing"))
+			}
+			return nil
+		})
+		o.Effects = reg
+		o.Outbox = func(tx effects.Tx) effects.Outbox { return outbox.Writer{Tx: tx} }
+	})
+	eventually(t, func() bool { return w.outcomes("processed")+w.outcomes("dead_lettered") == 2 }, "both settled")
+	w.stop(t)
+	rows := func(q string) int {
+		var n int
+		require.NoError(t, e.store.Pool().QueryRow(context.Background(), q).Scan(&n))
+		return n
+	}
+	assert.Zero(t, rows(`SELECT count(*) FROM outbox WHERE event_id = 'evt_enq_fails'`))
+	assert.Zero(t, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_enq_fails'`))
+	assert.Equal(t, 1, rows(`SELECT count(*) FROM outbox WHERE idempotency_key = 'evt_enq_ok/receipt'`))
+	assert.Equal(t, 1, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_enq_ok'`))
 }

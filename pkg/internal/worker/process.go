@@ -359,7 +359,7 @@ func (w *Worker) commitOnce(ctx context.Context, msgs []*message) (isNew []bool,
 		for j, i := range fresh {
 			evs[j] = msgs[i].effectsEvent()
 		}
-		applied, err := w.opts.Effects.Apply(ctx, evs, tx, w.opts.Outbox)
+		applied, err := w.opts.Effects.Apply(ctx, evs, tx, w.opts.Outbox(tx))
 		if err != nil {
 			return nil, &handlerError{err: err}
 		}

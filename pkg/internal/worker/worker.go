@@ -45,9 +45,9 @@ type Options struct {
 	Cache  Cache
 	// Effects are the handlers run in each event's transaction.
 	Effects *effects.Registry
-	// Outbox takes the messages handlers enqueue; effects.NoOutbox when
-	// nil (Enqueue fails, the event is retried).
-	Outbox  effects.Outbox
+	// Outbox gives the handlers of a transaction the outbox that writes in
+	// it; effects.NoOutbox when nil (Enqueue fails, the event is retried).
+	Outbox  func(tx effects.Tx) effects.Outbox
 	Logger  *zap.Logger // zap.NewNop() when nil
 	Metrics *Metrics
 	Hooks   Hooks
@@ -80,7 +80,7 @@ func (o *Options) validate() error {
 		o.Logger = zap.NewNop()
 	}
 	if o.Outbox == nil {
-		o.Outbox = effects.NoOutbox{}
+		o.Outbox = func(effects.Tx) effects.Outbox { return effects.NoOutbox{} }
 	}
 	return nil
 }

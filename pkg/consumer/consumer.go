@@ -1,0 +1,233 @@
+// Package consumer gives a downstream service exactly-once effects from the
+// messages idempotent-events' outbox relay publishes, with the same ledger
+// pattern the worker uses: a message's effect is written in one
+// transaction with a row keyed on its MessageId (the outbox's idempotency
+// key), and the message is acked only after COMMIT.
+//
+//   - A redelivery (the relay published it again after dying before it
+//     marked the row, or the consumer died before its ack) finds the row and
+//     is acked without running the handler again.
+//   - A handler error rolls the transaction back; after RetryDelay the
+//     connection is closed, so the message and every one after it are
+//     delivered again, in their order, and tried again.
+//   - A crash anywhere before COMMIT leaves the message unacked: RabbitMQ
+//     delivers it again.
+//
+// Per object (the message's x-ie-object-id) the relay publishes messages in
+// their sequence order (x-ie-seq), one at a time: a queue with one consumer
+// (Concurrency 1, the default) sees them in that order.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/idempotent-events/idempotent-events/pkg/effects"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/backoff"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
+)
+
+// Message is one message from the outbox, as a handler sees it.
+type Message struct {
+	// ID is the idempotency key: "<event key>/<effect>".
+	ID string
+	// EventID and Effect are the event and the effect that enqueued it.
+	EventID, Effect string
+	// ObjectID and Seq are its ordering key and its place in it.
+	ObjectID string
+	Seq      int64
+	// RoutingKey is the key it was published with.
+	RoutingKey string
+	Headers    map[string]string
+	Body       []byte
+}
+
+// Handler does a message's effect in tx, the transaction of its ledger row.
+type Handler func(ctx context.Context, m Message, tx effects.Tx) error
+
+// Options configures a Consumer.
+type Options struct {
+	// Name names the consumer: its ledger rows are keyed (Name, message
+	// id), so several consumers can share a database.
+	Name string
+	// AMQPURL is the RabbitMQ the relay publishes to.
+	AMQPURL string
+	// Queue is declared (durable) and bound to the outbox exchange with
+	// each of RoutingKeys (topic patterns: "email.*").
+	Queue       string
+	RoutingKeys []string
+	// Quorum declares the queue as a quorum queue (the production mode of
+	// RabbitMQ clusters).
+	Quorum bool
+	// DB is the consumer's own database; the ledger table
+	// ie_consumed_messages is created there if missing.
+	DB      *pgxpool.Pool
+	Handler Handler
+	// Prefetch bounds the unacked messages (16 when zero).
+	Prefetch int
+	// RetryDelay is how long a failed message waits before it is given
+	// back to the queue (1s when zero).
+	RetryDelay time.Duration
+	Logger     *zap.Logger // zap.NewNop() when nil
+}
+
+func (o *Options) validate() error {
+	var problems []string
+	need := func(ok bool, field, what string) {
+		if !ok {
+			problems = append(problems, field+" "+what)
+		}
+	}
+	need(o.Name != "", "Name", "is required")
+	need(o.AMQPURL != "", "AMQPURL", "is required")
+	need(o.Queue != "", "Queue", "is required")
+	need(len(o.RoutingKeys) > 0, "RoutingKeys", "must name at least one key")
+	need(o.DB != nil, "DB", "is required")
+	need(o.Handler != nil, "Handler", "is required")
+	need(o.Prefetch >= 0, "Prefetch", "must not be negative")
+	if len(problems) > 0 {
+		return fmt.Errorf("consumer: %s", strings.Join(problems, "; "))
+	}
+	if o.Prefetch == 0 {
+		o.Prefetch = 16
+	}
+	if o.RetryDelay <= 0 {
+		o.RetryDelay = time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+// Consumer consumes one queue; see the package documentation.
+type Consumer struct {
+	opts Options
+	log  *zap.Logger
+}
+
+// New validates opts, creates the ledger table if it is missing, and
+// returns a Consumer.
+func New(ctx context.Context, opts Options) (*Consumer, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	if _, err := opts.DB.Exec(ctx, ledgerDDL); err != nil {
+		return nil, fmt.Errorf("consumer: create ie_consumed_messages: %w", err)
+	}
+	return &Consumer{opts: opts, log: opts.Logger}, nil
+}
+
+const ledgerDDL = `CREATE TABLE IF NOT EXISTS ie_consumed_messages (
+	consumer    text        NOT NULL,
+	message_id  text        NOT NULL,
+	object_id   text        NOT NULL,
+	seq         bigint      NOT NULL,
+	consumed_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (consumer, message_id))`
+
+// Run consumes until ctx is done, reconnecting whenever the connection is
+// lost; a message being handled when ctx ends is finished first.
+func (c *Consumer) Run(ctx context.Context) error {
+	d := broker.Dialer{URL: c.opts.AMQPURL, Name: "idempotent-events consumer " + c.opts.Name}
+	return broker.Supervise(ctx, d, c.log.Named("broker"), func(bool) {}, c.serve)
+}
+
+func (c *Consumer) serve(ctx context.Context, conn *amqp.Connection) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer func() { _ = ch.Close() }()
+	if err := ch.ExchangeDeclare(outbox.Exchange, "topic", true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %s: %w", outbox.Exchange, err)
+	}
+	var args amqp.Table
+	if c.opts.Quorum {
+		args = amqp.Table{"x-queue-type": "quorum"}
+	}
+	if _, err := ch.QueueDeclare(c.opts.Queue, true, false, false, false, args); err != nil {
+		return fmt.Errorf("declare queue %s: %w", c.opts.Queue, err)
+	}
+	for _, key := range c.opts.RoutingKeys {
+		if err := ch.QueueBind(c.opts.Queue, key, outbox.Exchange, false, nil); err != nil {
+			return fmt.Errorf("bind %s to %s with %q: %w", c.opts.Queue, outbox.Exchange, key, err)
+		}
+	}
+	if err := ch.Qos(c.opts.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	deliveries, err := ch.Consume(c.opts.Queue, "", false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", c.opts.Queue, err)
+	}
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	work := context.WithoutCancel(ctx) // a message being handled is finished
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-closed:
+			return fmt.Errorf("channel closed: %w", err)
+		case d, ok := <-deliveries:
+			if !ok {
+				return errors.New("deliveries closed")
+			}
+			if err := c.handle(work, d); err != nil {
+				c.log.Warn("message not handled; it and the later ones come again", zap.String("message_id", d.MessageId), zap.Error(err))
+				backoff.Sleep(ctx, c.opts.RetryDelay)
+				return fmt.Errorf("handle %s: %w", d.MessageId, err)
+			}
+		}
+	}
+}
+
+// handle writes the message's ledger row and its effect in one
+// transaction, then acks.
+func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) error {
+	m := Message{ID: d.MessageId, RoutingKey: d.RoutingKey, Body: d.Body, Headers: map[string]string{}}
+	for k, v := range d.Headers {
+		switch k {
+		case outbox.HeaderObjectID:
+			m.ObjectID, _ = v.(string)
+		case outbox.HeaderSeq:
+			m.Seq, _ = broker.Int(d.Headers, k)
+		case outbox.HeaderEventID:
+			m.EventID, _ = v.(string)
+		case outbox.HeaderEffect:
+			m.Effect, _ = v.(string)
+		default:
+			if s, ok := v.(string); ok {
+				m.Headers[k] = s
+			}
+		}
+	}
+	if m.ID == "" {
+		c.log.Error("message without a MessageId: not from the outbox; dropped with a reject", zap.String("routing_key", d.RoutingKey))
+		return d.Reject(false)
+	}
+	err := pgx.BeginFunc(ctx, c.opts.DB, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `INSERT INTO ie_consumed_messages (consumer, message_id, object_id, seq) VALUES ($1, $2, $3, $4)
+			ON CONFLICT DO NOTHING`, c.opts.Name, m.ID, m.ObjectID, m.Seq)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return nil // consumed before: a duplicate
+		}
+		return c.opts.Handler(ctx, m, tx)
+	})
+	if err != nil {
+		return err
+	}
+	return d.Ack(false)
+}
