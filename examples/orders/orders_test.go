@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
@@ -16,7 +17,7 @@ import (
 // succeeded PaymentIntent.
 func TestASucceededPaymentMakesAnOrder(t *testing.T) {
 	t.Parallel()
-	db := effectstest.DB(t, nil)
+	db := effectstest.DB(t, setup)
 	reg := payments.Effects()
 	reg.HandleFunc("stripe", "payment_intent.succeeded", createOrder)
 	ev := effectstest.Event(t, effectstest.StripeEvent(t, "evt_order_1", "payment_intent.succeeded", time.Now(),
@@ -40,8 +41,13 @@ func TestOrdersAreWrittenExactlyOnce(t *testing.T) {
 			effectstest.PaymentIntent("pi_o_"+id, "succeeded", 2500)))
 	}
 	effectstest.AssertExactlyOnce(t, effectstest.Options{
-		Effects: reg, Fixtures: fixtures,
-		Tables: []string{"orders", "payments", "payment_intents"},
-		Ignore: []string{"id", "created_at", "updated_at"},
+		Effects: reg, Fixtures: fixtures, Setup: setup,
+		Tables: []string{"orders", "payments", "payment_intents", "outbox"},
+		Ignore: []string{"id", "created_at", "updated_at", "status_event_id", "next_attempt_at"},
 	})
+}
+
+// setup creates the example's table in a test's schema, as main does.
+func setup(ctx context.Context, db *pgxpool.Pool) error {
+	return createTables(ctx, db.Config().ConnString())
 }

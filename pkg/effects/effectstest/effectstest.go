@@ -35,6 +35,7 @@ import (
 
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/event"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
 )
 
@@ -63,7 +64,8 @@ func DB(t testing.TB, setup func(ctx context.Context, db *pgxpool.Pool) error) *
 }
 
 // Handle runs the handlers reg has for ev in a transaction on db, as the
-// worker would after writing ev's ledger row, then calls check with the
+// worker would after writing ev's ledger row (messages they enqueue go to
+// the outbox table, in the same transaction), then calls check with the
 // same transaction (to read what the handlers wrote) and rolls it back. It
 // returns what the handlers returned; a panic is returned as an error.
 func Handle(t testing.TB, db *pgxpool.Pool, reg *effects.Registry, ev effects.Event, check func(tx effects.Tx)) (err error) {
@@ -81,7 +83,7 @@ func Handle(t testing.TB, db *pgxpool.Pool, reg *effects.Registry, ev effects.Ev
 				err = fmt.Errorf("panic: %v", r)
 			}
 		}()
-		_, err = reg.Apply(ctx, []effects.Event{ev}, tx, effects.NoOutbox{})
+		_, err = reg.Apply(ctx, []effects.Event{ev}, tx, outbox.Writer{Tx: tx})
 	}()
 	if check != nil {
 		check(pgxTx{tx})

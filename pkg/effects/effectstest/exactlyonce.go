@@ -18,6 +18,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dedupe"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
@@ -34,7 +35,8 @@ type Options struct {
 	// project's migrations are applied before it).
 	Setup func(ctx context.Context, db *pgxpool.Pool) error
 	// Tables are the tables whose rows must end the same in both runs: the
-	// handlers' own, and any of the project's they write.
+	// handlers' own, and any of the project's they write ("outbox" for the
+	// messages they enqueue; they are not published here).
 	Tables []string
 	// Ignore names columns whose values differ between any two runs by
 	// nature (a generated id, a now() timestamp); they are not compared.
@@ -100,6 +102,7 @@ func runWorker(t *testing.T, opts Options, faults bool) map[string][]string {
 		Topology: topo, Prefetch: 64, ReplayPrefetch: 4, Concurrency: 2, BatchSize: 8, BatchWait: 5 * time.Millisecond,
 		ProcessTimeout: 10 * time.Second, PublishTimeout: 5 * time.Second, ShutdownTimeout: 10 * time.Second,
 		Ledger: st, Cache: cache, Effects: opts.Effects, Metrics: worker.NewMetrics(reg), Hooks: hooks,
+		Outbox: func(tx effects.Tx) effects.Outbox { return outbox.Writer{Tx: tx} },
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
 	})
 	require.NoError(t, err)

@@ -33,7 +33,7 @@ var layers = map[string]int{
 	"pkg/internal/app": 5, "pkg/service": 6,
 	"cmd/receiver": 7, "cmd/worker": 7, "cmd/migrate": 7, "cmd/eventsctl": 7,
 	// A team's own worker binary, as users write one.
-	"examples/orders": 7,
+	"examples/orders": 7, "examples/confirmations": 7,
 }
 
 // testOnly are the packages that exist for tests and the development

@@ -33,6 +33,7 @@ usage:
   eventsctl verify [flags] wait until an event has exactly its expected rows
   eventsctl status [flags] queue depths and lag, DLQ size, ledger and duplicate rate
   eventsctl dlq <command>  list, show, replay or discard messages in events.dlq (eventsctl dlq -h)
+  eventsctl outbox <command>  list, show or retry parked outbox messages (eventsctl outbox -h)
 
 Run "eventsctl <command> -h" for the flags of a command.
 `
@@ -55,6 +56,8 @@ func Main(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, 
 		return status(ctx, args[1:], env, stdout, stderr)
 	case "dlq":
 		return dlqCmd(ctx, args[1:], env, stdout, stderr)
+	case "outbox":
+		return outboxCmd(ctx, args[1:], env, stdout, stderr)
 	case "--version", "version":
 		fmt.Fprintln(stdout, "eventsctl", telemetry.Version)
 		return 0

@@ -1,0 +1,75 @@
+// Command confirmations is a downstream service of a team's own: it takes
+// the confirmation emails examples/orders enqueues (routing key
+// email.confirmation on the outbox's "effects" exchange) and "sends" each
+// exactly once — here, a row of sent_emails — with the consumer kit: the
+// row and the message's ledger row commit together, the ack follows COMMIT,
+// and a redelivered message is acked without a second email.
+//
+// Environment: AMQP_URL, DATABASE_URL (defaults: the local services, as the
+// other binaries), CONFIRMATIONS_QUEUE (default confirmation-emails).
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotent-events/idempotent-events/pkg/consumer"
+	"github.com/idempotent-events/idempotent-events/pkg/effects"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "confirmations:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context) error {
+	db, err := pgxpool.New(ctx, env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idempotent_events?sslmode=disable"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := db.Exec(ctx, createTable); err != nil {
+		return err
+	}
+	c, err := consumer.New(ctx, consumer.Options{
+		Name: "confirmations", AMQPURL: env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		Queue: env("CONFIRMATIONS_QUEUE", "confirmation-emails"), RoutingKeys: []string{"email.confirmation"},
+		DB: db, Handler: sendEmail,
+	})
+	if err != nil {
+		return err
+	}
+	return c.Run(ctx)
+}
+
+// sendEmail records the email in the message's transaction.
+func sendEmail(ctx context.Context, m consumer.Message, tx effects.Tx) error {
+	_, err := tx.Exec(ctx, `INSERT INTO sent_emails (message_id, payment_intent_id, event_id) VALUES ($1, $2, $3)`,
+		m.ID, m.ObjectID, m.EventID)
+	return err
+}
+
+// createTable is the service's own table (a real one has migrations).
+// sent_at is the statement's clock: received_at -> sent_at measures the
+// path from the webhook to the downstream effect.
+const createTable = `CREATE TABLE IF NOT EXISTS sent_emails (
+	message_id        text PRIMARY KEY,
+	payment_intent_id text NOT NULL,
+	event_id          text NOT NULL,
+	sent_at           timestamptz NOT NULL DEFAULT clock_timestamp())`
+
+func env(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
