@@ -60,9 +60,12 @@ func sendEmail(ctx context.Context, m consumer.Message, tx effects.Tx) error {
 
 // createTable is the service's own table (a real one has migrations).
 // sent_at is the statement's clock: received_at -> sent_at measures the
-// path from the webhook to the downstream effect.
+// path from the webhook to the downstream effect. message_id is not
+// unique on purpose: the kit's ledger alone keeps each email to one row,
+// and the chaos suite counts the rows to prove it.
 const createTable = `CREATE TABLE IF NOT EXISTS sent_emails (
-	message_id        text PRIMARY KEY,
+	id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	message_id        text NOT NULL,
 	payment_intent_id text NOT NULL,
 	event_id          text NOT NULL,
 	sent_at           timestamptz NOT NULL DEFAULT clock_timestamp())`

@@ -34,12 +34,17 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/webhook"
 )
 
-// Build compiles the four binaries into dir with the image's flags.
+// Build compiles the four binaries, and the examples' (the orders worker
+// and the confirmations consumer), into dir with the image's flags.
 func Build(dir string) error { return build(".", dir) }
 
 // build compiles the binaries of the checkout at src into dir.
 func build(src, dir string) error {
-	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags", "-s -w", "-o", dir+"/", "./cmd/...")
+	pkgs := []string{"./cmd/..."}
+	if _, err := os.Stat(filepath.Join(src, "examples")); err == nil {
+		pkgs = append(pkgs, "./examples/...")
+	}
+	cmd := exec.Command("go", append([]string{"build", "-trimpath", "-buildvcs=false", "-ldflags", "-s -w", "-o", dir + "/"}, pkgs...)...)
 	cmd.Dir = src
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()
@@ -267,19 +272,23 @@ func Body(id string) []byte {
 	return intentEvent(id, id, "payment_intent.succeeded", "succeeded", bodyEpoch, 4200)
 }
 
-// FailedDebitBody returns the events of a payment whose asynchronous debit
-// failed, as Stripe sends them: for id, the payment_intent.payment_failed
-// event (back to requires_payment_method); for id+"_p", the
-// payment_intent.processing event of the same PaymentIntent, created 10 s
-// earlier. In order they leave it requires_payment_method with nothing
-// received; the two states follow each other both ways, so only the
-// created times order them. WrongStates counts the payments that end
-// otherwise.
-func FailedDebitBody(id string) []byte {
+// RetriedDebitBody returns the events of a payment whose first
+// asynchronous debit failed and whose retry succeeded, as Stripe sends
+// them, each about the PaymentIntent of id: for id+"_p" the
+// payment_intent.processing event, for id+"_f" payment_failed (back to
+// requires_payment_method) 10 s later, for id payment_intent.succeeded 10 s
+// after that. processing and requires_payment_method follow each other
+// both ways, so only the created times order them. In order they leave the
+// PaymentIntent succeeded with 4200 received; WrongStates counts the
+// payments that end otherwise.
+func RetriedDebitBody(id string) []byte {
 	if base, ok := strings.CutSuffix(id, "_p"); ok {
-		return intentEvent(id, base, "payment_intent.processing", "processing", bodyEpoch-10, 0)
+		return intentEvent(id, base, "payment_intent.processing", "processing", bodyEpoch-20, 0)
 	}
-	return intentEvent(id, id, "payment_intent.payment_failed", "requires_payment_method", bodyEpoch, 0)
+	if base, ok := strings.CutSuffix(id, "_f"); ok {
+		return intentEvent(id, base, "payment_intent.payment_failed", "requires_payment_method", bodyEpoch-10, 0)
+	}
+	return intentEvent(id, id, "payment_intent.succeeded", "succeeded", bodyEpoch, 4200)
 }
 
 // intentEvent is a Stripe event id about the PaymentIntent of payment (its
@@ -295,21 +304,40 @@ func intentEvent(id, payment, typ, status string, at, received int64) []byte {
 	return b
 }
 
-// bodyEpoch is the created time of the events Body and FailedDebitBody
+// bodyEpoch is the created time of the events Body and RetriedDebitBody
 // make: one for the run, so that the order of a payment's events is fixed
 // whenever they are sent.
 var bodyEpoch = time.Now().Unix()
 
-// WrongStates counts the payments among ids (FailedDebitBody's, without the
+// WrongStates counts the payments among ids (RetriedDebitBody's, without a
 // suffix) whose PaymentIntent is missing or not in the state their events
-// give in order: requires_payment_method, nothing received, not needing a
-// refresh.
+// give in order: succeeded, 4200 received, not needing a refresh.
 func (s *Stack) WrongStates(ctx context.Context, ids []string) (int, error) {
 	var n int
 	err := s.DB.QueryRow(ctx, `SELECT count(*) FROM unnest($1::text[]) AS w(id)
 		LEFT JOIN payment_intents p ON p.id = 'pi_' || substr(w.id, 5)
-		WHERE p.id IS NULL OR p.status <> 'requires_payment_method' OR p.amount_received <> 0 OR p.needs_refresh`, ids).Scan(&n)
+		WHERE p.id IS NULL OR p.status <> 'succeeded' OR p.amount_received <> 4200 OR p.needs_refresh`, ids).Scan(&n)
 	return n, err
+}
+
+// Downstream is what the examples' downstream path holds: orders rows (the
+// orders worker), outbox rows not yet published, and the confirmations
+// consumer's emails (rows, and distinct PaymentIntents).
+type Downstream struct {
+	Orders, Unpublished, Emails, EmailedPayments int
+}
+
+// ReadDownstream reads it (the orders worker and the consumer create their
+// tables when they start).
+func (s *Stack) ReadDownstream(ctx context.Context) (Downstream, error) {
+	var d Downstream
+	err := s.DB.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM outbox WHERE published_at IS NULL),
+		(SELECT count(*) FROM orders),
+		(SELECT count(*) FROM sent_emails),
+		(SELECT count(DISTINCT payment_intent_id) FROM sent_emails)`).
+		Scan(&d.Unpublished, &d.Orders, &d.Emails, &d.EmailedPayments)
+	return d, err
 }
 
 // Send signs body now and posts it; it returns the status code (0 when the

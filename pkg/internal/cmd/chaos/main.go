@@ -1,24 +1,32 @@
-// Command chaos runs the real receiver and workers as separate processes
-// against the local services, sends N payments of two events each
-// (payment_intent.processing, then payment_failed 10 s later by their
-// created times: a failed debit) with k duplicates of every event (signed, concurrent, shuffled,
+// Command chaos runs the real receiver, workers and a downstream consumer
+// as separate processes against the local services: the workers are the
+// examples' orders worker (the stock payment effect, an orders row and a
+// confirmation email through the outbox on every succeeded payment, its
+// outbox relay inside) and the consumer is the examples' confirmations
+// service (one sent_emails row per email, with the consumer kit). It sends
+// N payments of three events each (payment_intent.processing,
+// payment_failed, succeeded: a retried debit, 10 s apart by their created
+// times) with k duplicates of every event (signed, concurrent, shuffled,
 // every delivery retried until the receiver answers 2xx, as a provider
-// would), injects faults while they flow, and then checks the ledger:
+// would), injects faults while they flow, and then checks:
 //
-//   - processed: payments rows == 2N, and every 2xx'd event has its row (lost = 0)
+//   - processed: payments rows == 3N, and every 2xx'd event has its row (lost = 0)
 //   - doubled: no event id twice in processed_events or payments
-//   - DLQ and retry queues empty, events.main drained
+//   - DLQ and retry queues empty, events.main drained, the outbox
+//     published, one orders row per payment (left)
 //   - state: every payment's PaymentIntent ends as its events in order
-//     leave it (requires_payment_method), whatever order they came in
+//     leave it (succeeded), whatever order they came in
+//   - emails: one sent_emails row per payment at the consumer, none lost,
+//     none doubled
 //
 // It prints one line of figures per scenario and exits 1 on any loss,
-// double or leftover. Faults: SIGKILL of workers and of the receiver,
-// Redis FLUSHALL and Redis refusing connections, Postgres connections cut
-// mid-transaction and Postgres refusing connections, RabbitMQ connections
-// cut and a real broker restart (rabbitmqctl stop_app/start_app), latency on
-// every dependency — each a scenario, and all of them combined. Network
-// faults go through TCP proxies (faulttest) in front of the real
-// services.
+// double, leftover or wrong state. Faults: SIGKILL of workers (and so of
+// their relays), of the receiver and of the consumer, Redis FLUSHALL and
+// Redis refusing connections, Postgres connections cut mid-transaction and
+// Postgres refusing connections, RabbitMQ connections cut and a real broker
+// restart (rabbitmqctl stop_app/start_app), latency on every dependency —
+// each a scenario, and all of them combined. Network faults go through TCP
+// proxies (faulttest) in front of the real services.
 //
 //	go run ./pkg/internal/cmd/chaos -events 50000 -dups 3 -duration 60s -pg-outage 60s -flushall   # make chaos
 //	go run ./pkg/internal/cmd/chaos -events 500 -dups 3 -duration 8s -pg-outage 10s                # make chaos-short, part of make test
@@ -79,8 +87,9 @@ func main() {
 	if o.scenarios != "all" {
 		selected = strings.Split(o.scenarios, ",")
 	}
-	fmt.Printf("%-16s %8s %8s %7s %9s %5s %7s %4s %4s %5s %8s  %s\n",
-		"scenario", "events", "sent", "faults", "processed", "lost", "doubled", "dlq", "left", "state", "wall", "peak RSS receiver/worker MiB")
+	fmt.Printf("%-16s %8s %8s %7s %9s %5s %7s %4s %4s %5s %6s %9s %8s  %s\n",
+		"scenario", "events", "sent", "faults", "processed", "lost", "doubled", "dlq", "left", "state", "emails", "lost/dbl", "wall",
+		"peak RSS receiver/worker MiB")
 	failed := false
 	for _, name := range selected {
 		sc, ok := scenarios[name]
@@ -121,11 +130,13 @@ var scenarios = map[string]scenario{
 	"rabbitmq":        rabbitFaults,
 	"latency":         latency,
 	"postgres-outage": postgresOutage,
+	"relay-kill":      relayKill,
 	"combined":        combined,
 }
 
 func names() []string {
-	return []string{"baseline", "kill-workers", "kill-receiver", "redis", "postgres-cuts", "rabbitmq", "latency", "postgres-outage", "combined"}
+	return []string{"baseline", "kill-workers", "kill-receiver", "redis", "postgres-cuts", "rabbitmq", "latency", "postgres-outage",
+		"relay-kill", "combined"}
 }
 
 // system is the running pipeline: proxies in front of the services, one
@@ -137,6 +148,7 @@ type system struct {
 	mu                       sync.Mutex
 	receiver                 *harness.Proc
 	workers                  []*harness.Proc
+	consumer                 *harness.Proc
 	receiverPeak, workerPeak int64
 }
 
@@ -164,11 +176,26 @@ func (s *system) startReceiver() {
 	s.mu.Unlock()
 }
 
+// startWorker starts the examples' orders worker: the stock worker's
+// payment effect, an orders row and a confirmation email through the
+// outbox on every succeeded payment; its outbox relay runs in it.
 func (s *system) startWorker(i int) {
-	p, err := s.stack.Start(fmt.Sprintf("worker-%d", i), "worker", s.workerEnv())
+	p, err := s.stack.Start(fmt.Sprintf("worker-%d", i), "orders", s.workerEnv())
 	check(err)
 	s.mu.Lock()
 	s.workers[i] = p
+	s.mu.Unlock()
+}
+
+// startConsumer starts the examples' confirmations consumer, which writes
+// one sent_emails row per confirmation email.
+func (s *system) startConsumer() {
+	p, err := s.stack.Start("consumer", "confirmations", s.stack.Env(
+		"AMQP_URL="+servicetest.ReplaceHost(s.stack.AMQPURL, s.rabbit.Addr()),
+		"DATABASE_URL="+servicetest.ReplaceHost(s.stack.DatabaseURL, s.pg.Addr())))
+	check(err)
+	s.mu.Lock()
+	s.consumer = p
 	s.mu.Unlock()
 }
 
@@ -200,13 +227,16 @@ type result struct {
 	events, sent, faults          int
 	processed, lost, doubled, dlq int
 	left, wrongState              int
+	emails, emailsLost            int
+	emailsDoubled                 int
 	wall                          time.Duration
 	receiverPeak, workerPeak      int64
 	detail                        string
 }
 
 func (r result) ok() bool {
-	return r.lost == 0 && r.doubled == 0 && r.dlq == 0 && r.left == 0 && r.wrongState == 0 && r.processed == r.events
+	return r.lost == 0 && r.doubled == 0 && r.dlq == 0 && r.left == 0 && r.wrongState == 0 && r.processed == r.events &&
+		r.emailsLost == 0 && r.emailsDoubled == 0
 }
 
 func (r result) line() string {
@@ -214,8 +244,9 @@ func (r result) line() string {
 	if !r.ok() {
 		status = "FAIL"
 	}
-	return fmt.Sprintf("%-16s %8d %8d %7d %9d %5d %7d %4d %4d %5d %8s  %.0f/%.0f %s",
+	return fmt.Sprintf("%-16s %8d %8d %7d %9d %5d %7d %4d %4d %5d %6d %4d/%-4d %8s  %.0f/%.0f %s",
 		r.name, r.events, r.sent, r.faults, r.processed, r.lost, r.doubled, r.dlq, r.left, r.wrongState,
+		r.emails, r.emailsLost, r.emailsDoubled,
 		r.wall.Round(100*time.Millisecond), float64(r.receiverPeak)/(1<<20), float64(r.workerPeak)/(1<<20), status)
 }
 
@@ -236,6 +267,7 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	for i := range sys.workers {
 		sys.startWorker(i)
 	}
+	sys.startConsumer()
 	defer func() {
 		sys.mu.Lock()
 		defer sys.mu.Unlock()
@@ -243,6 +275,7 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 		for _, w := range sys.workers {
 			w.Term(10 * time.Second)
 		}
+		sys.consumer.Term(10 * time.Second)
 	}()
 	if err := harness.WaitHTTP("http://"+sys.httpAddr+"/readyz", 60*time.Second); err != nil {
 		// Once in CI the receiver was not ready within 30 s at a scenario's
@@ -264,14 +297,14 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	}
 	go func() { faultsDone <- sc(sys, stopFaults, o) }()
 
-	// Every payment is two events, sent shuffled like the rest: processing,
-	// then (10 s later by their created times) payment_failed: a failed
-	// asynchronous debit (harness.FailedDebitBody).
-	ids := make([]string, 0, 2*o.events)
+	// Every payment is three events, sent shuffled like the rest:
+	// processing, payment_failed and succeeded, 10 s apart by their created
+	// times (harness.RetriedDebitBody).
+	ids := make([]string, 0, 3*o.events)
 	payments := make([]string, o.events)
 	for i := range payments {
 		payments[i] = fmt.Sprintf("evt_chaos_%s_%07d", name, i)
-		ids = append(ids, payments[i], payments[i]+"_p")
+		ids = append(ids, payments[i], payments[i]+"_p", payments[i]+"_f")
 	}
 	accepted, sent := sendAll(ctx, sys, ids, o)
 	close(stopFaults)
@@ -287,7 +320,14 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	r.wrongState, err = sys.stack.WrongStates(ctx, payments)
 	check(err)
 	if r.wrongState > 0 {
-		r.detail += fmt.Sprintf("  %d payments did not end in the state of their events in order (requires_payment_method after a failed debit)\n", r.wrongState)
+		r.detail += fmt.Sprintf("  %d payments did not end in the state of their events in order (succeeded after a retried debit)\n", r.wrongState)
+	}
+	d := settleDownstream(ctx, sys, len(payments))
+	r.emails, r.emailsDoubled = d.Emails, d.Emails-d.EmailedPayments
+	r.emailsLost = len(payments) - d.EmailedPayments
+	if d.Orders != len(payments) || d.Unpublished != 0 {
+		r.left += abs(d.Orders-len(payments)) + d.Unpublished
+		r.detail += fmt.Sprintf("  downstream: %d orders for %d payments, %d outbox rows unpublished\n", d.Orders, len(payments), d.Unpublished)
 	}
 	close(stopRSS)
 	r.events, r.sent, r.faults, r.wall = len(ids), sent, faults, time.Since(start)
@@ -325,7 +365,7 @@ func sendAll(ctx context.Context, sys *system, ids []string, o options) (*sync.M
 	for c := 0; c < o.conc; c++ {
 		wg.Go(func() {
 			for id := range work {
-				body := harness.FailedDebitBody(id)
+				body := harness.RetriedDebitBody(id)
 				backoff := 50 * time.Millisecond
 				for {
 					requests.Add(1)
@@ -345,6 +385,36 @@ func sendAll(ctx context.Context, sys *system, ids []string, o options) (*sync.M
 	}
 	wg.Wait()
 	return accepted, int(requests.Load())
+}
+
+// settleDownstream waits until the outbox is published and the consumer
+// has an email for every payment, or until the downstream stops moving.
+func settleDownstream(ctx context.Context, sys *system, payments int) harness.Downstream {
+	deadline := time.Now().Add(3 * time.Minute)
+	var last harness.Downstream
+	stable := 0
+	for {
+		d, err := sys.stack.ReadDownstream(ctx)
+		check(err)
+		if d == last {
+			stable++
+		} else {
+			stable = 0
+		}
+		last = d
+		done := d.Unpublished == 0 && d.EmailedPayments >= payments
+		if (done && stable >= 10) || stable >= 100 || time.Now().After(deadline) {
+			return d
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func abs(n int) int {
+	if n < 0 {
+		return -n
+	}
+	return n
 }
 
 // settle waits until the queues are drained and the ledger stops changing,
@@ -451,6 +521,29 @@ func killWorkers(sys *system, stop <-chan struct{}, o options) int {
 		w.Kill()
 		time.Sleep(rand.N(500 * time.Millisecond))
 		sys.startWorker(i)
+	})
+}
+
+// relayKill SIGKILLs the outbox relays (they run in the workers) and the
+// downstream consumer, one at a time, while the confirmation emails flow.
+func relayKill(sys *system, stop <-chan struct{}, o options) int {
+	return every(stop, o.pace, 300*time.Millisecond, 1500*time.Millisecond, func() {
+		i := rand.N(len(sys.workers) + 1)
+		sys.mu.Lock()
+		var p *harness.Proc
+		if i == len(sys.workers) {
+			p = sys.consumer
+		} else {
+			p = sys.workers[i]
+		}
+		sys.mu.Unlock()
+		p.Kill()
+		time.Sleep(rand.N(500 * time.Millisecond))
+		if i == len(sys.workers) {
+			sys.startConsumer()
+		} else {
+			sys.startWorker(i)
+		}
 	})
 }
 
