@@ -74,7 +74,7 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 		Ledger:          st,
 		Cache:           cache,
 		Effects:         fx,
-		Outbox:          func(tx effects.Tx) effects.Outbox { return outbox.Writer{Tx: tx} },
+		Outbox:          func(tx effects.Tx) effects.Outbox { return outbox.NewBatch(tx) },
 		Logger:          log,
 		Metrics:         worker.NewMetrics(reg),
 	})

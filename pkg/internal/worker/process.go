@@ -359,7 +359,13 @@ func (w *Worker) commitOnce(ctx context.Context, msgs []*message) (isNew []bool,
 		for j, i := range fresh {
 			evs[j] = msgs[i].effectsEvent()
 		}
-		applied, err := w.opts.Effects.Apply(ctx, evs, tx, w.opts.Outbox(tx))
+		out := w.opts.Outbox(tx)
+		applied, err := w.opts.Effects.Apply(ctx, evs, tx, out)
+		if err == nil {
+			if f, ok := out.(interface{ Flush(context.Context) error }); ok {
+				err = f.Flush(ctx) // an outbox that writes its messages at the end
+			}
+		}
 		if err != nil {
 			return nil, &handlerError{err: err}
 		}

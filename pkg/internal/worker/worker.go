@@ -46,7 +46,9 @@ type Options struct {
 	// Effects are the handlers run in each event's transaction.
 	Effects *effects.Registry
 	// Outbox gives the handlers of a transaction the outbox that writes in
-	// it; effects.NoOutbox when nil (Enqueue fails, the event is retried).
+	// it (one with a Flush(ctx) error method is flushed after the handlers,
+	// before COMMIT); effects.NoOutbox when nil (Enqueue fails, the event
+	// is retried).
 	Outbox  func(tx effects.Tx) effects.Outbox
 	Logger  *zap.Logger // zap.NewNop() when nil
 	Metrics *Metrics

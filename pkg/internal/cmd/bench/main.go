@@ -67,7 +67,7 @@ func main() {
 	flag.DurationVar(&o.rateFor, "rate-duration", 20*time.Second, "length of the end-to-end latency phase")
 	flag.StringVar(&o.workerEnv, "worker-env", "", "extra worker settings for our configuration, e.g. WORKER_BATCH_SIZE=128,WORKER_PREFETCH=512")
 	flag.StringVar(&o.receiverEnv, "receiver-env", "", "extra receiver settings, e.g. PUBLISH_CHANNELS=8")
-	flag.StringVar(&o.only, "only", "", "run only one phase: raw, main, seed, baseline, e2e (for profiling; prints that phase's lines)")
+	flag.StringVar(&o.only, "only", "", "run only one phase: raw, main, seed, baseline, outbox, downstream, e2e (for profiling; prints that phase's lines)")
 	flag.StringVar(&o.profileDir, "profile", "", "write 10 s CPU profiles of the receiver and the worker under load to this directory")
 	flag.StringVar(&o.baseline, "baseline", "", "a git revision: also time its worker on the same backlog as ours, in the same run, and print both")
 	flag.IntVar(&o.baselineEvents, "baseline-events", 30_000, "unique events of the baseline comparison (each sent 1+dups times)")
@@ -144,16 +144,18 @@ func check(err error) {
 // figures are one run's measurements. Rates are per second, latencies in
 // milliseconds, memory in MiB.
 type figures struct {
-	rawPublish, rawConsume, pgOne, pgBatch        float64
-	receiverRPS, receiverP50, receiverP99         float64
-	receiverRSS                                   float64
-	worker, workerUnique, workerRSS               float64
-	seed, oursSmall                               float64
-	baseline, oursVsBaseline, rBaseline           float64
-	e2eP50, e2eP99, e2eHTTPP99, e2eAchieved, e2eN float64
-	e2eOffered                                    float64
-	e2eReceiverRSS, e2eWorkerRSS                  float64
-	rReceiver, rWorker, rSeed                     float64
+	rawPublish, rawConsume, pgOne, pgBatch         float64
+	receiverRPS, receiverP50, receiverP99          float64
+	receiverRSS                                    float64
+	worker, workerUnique, workerRSS                float64
+	seed, oursSmall                                float64
+	baseline, oursVsBaseline, rBaseline            float64
+	outboxOff, outboxOn, rOutbox                   float64
+	downP50, downP99, downCommitP50, downCommitP99 float64
+	e2eP50, e2eP99, e2eHTTPP99, e2eAchieved, e2eN  float64
+	e2eOffered                                     float64
+	e2eReceiverRSS, e2eWorkerRSS                   float64
+	rReceiver, rWorker, rSeed                      float64
 }
 
 // ratios sets the run's ratios, each taken within the run.
@@ -168,6 +170,7 @@ func (f *figures) ratios() {
 	f.rWorker = div(f.worker, min(f.pgBatch, f.rawConsume))
 	f.rSeed = div(f.oursSmall, f.seed)
 	f.rBaseline = div(f.oursVsBaseline, f.baseline)
+	f.rOutbox = div(f.outboxOn, f.outboxOff)
 }
 
 // print prints one run's figures, or with runs the medians of several:
@@ -208,6 +211,16 @@ func (f figures) print(title string, runs ...figures) {
 		fmt.Printf("  deliveries/s                         %9.0f        (ours: %.0f/s)\n", f.baseline, f.oursVsBaseline)
 		fmt.Printf("  ours / baseline                      %9.2f        (target >= 0.90)%s\n", f.rBaseline, each(func(r figures) float64 { return r.rBaseline }))
 	}
+	if f.outboxOn > 0 {
+		fmt.Printf("worker with the outbox on (examples/orders: an order row and an email message per payment, relay inside)\n")
+		fmt.Printf("  deliveries/s                         %9.0f        (stock worker on the same backlog: %.0f/s)\n", f.outboxOn, f.outboxOff)
+		fmt.Printf("  outbox on / off                      %9.2f        (target >= 0.80)%s\n", f.rOutbox, each(func(r figures) float64 { return r.rOutbox }))
+	}
+	if f.downP50 > 0 {
+		fmt.Printf("downstream at %.0f events/s offered: received -> email sent by the consumer (examples/confirmations)\n", f.e2eOffered)
+		fmt.Printf("  p50 / p99                            %9.1f / %.1f ms (received -> committed in the same run: %.1f / %.1f ms)\n",
+			f.downP50, f.downP99, f.downCommitP50, f.downCommitP99)
+	}
 	fmt.Printf("end to end at %.0f events/s offered (%.0f achieved, %.0f events)\n", f.e2eOffered, f.e2eAchieved, f.e2eN)
 	fmt.Printf("  received -> committed p50 / p99      %9.1f / %.1f ms (target p99 < 100 ms)\n", f.e2eP50, f.e2eP99)
 	fmt.Printf("  HTTP answer p99                      %9.1f ms\n", f.e2eHTTPP99)
@@ -220,7 +233,8 @@ func median(all []figures) figures {
 		return []*float64{&f.rawPublish, &f.rawConsume, &f.pgOne, &f.pgBatch, &f.receiverRPS, &f.receiverP50, &f.receiverP99,
 			&f.receiverRSS, &f.worker, &f.workerUnique, &f.workerRSS, &f.seed, &f.oursSmall, &f.e2eP50, &f.e2eP99,
 			&f.e2eHTTPP99, &f.e2eAchieved, &f.e2eN, &f.e2eReceiverRSS, &f.e2eWorkerRSS, &f.e2eOffered,
-			&f.rReceiver, &f.rWorker, &f.rSeed, &f.baseline, &f.oursVsBaseline, &f.rBaseline}
+			&f.rReceiver, &f.rWorker, &f.rSeed, &f.baseline, &f.oursVsBaseline, &f.rBaseline,
+			&f.outboxOff, &f.outboxOn, &f.rOutbox, &f.downP50, &f.downP99, &f.downCommitP50, &f.downCommitP99}
 	}
 	dst := fields(&out)
 	for i := range dst {
@@ -253,6 +267,12 @@ func run(ctx context.Context, binDir string, o options) figures {
 	case "baseline":
 		f.baseline, f.oursVsBaseline = vsBaseline(ctx, binDir, o)
 		return f
+	case "outbox":
+		f.outboxOff, f.outboxOn = vsOutbox(ctx, binDir, o)
+		return f
+	case "downstream":
+		f.downP50, f.downP99, f.downCommitP50, f.downCommitP99 = downstream(ctx, binDir, o)
+		return f
 	}
 	f.rawPublish, f.rawConsume = rawBroker(ctx, binDir, o.rawMessages)
 	f.pgOne, f.pgBatch = rawPostgres(ctx, binDir)
@@ -269,9 +289,90 @@ func run(ctx context.Context, binDir string, o options) figures {
 	if o.baselineDir != "" {
 		f.baseline, f.oursVsBaseline = vsBaseline(ctx, binDir, o)
 	}
+	f.outboxOff, f.outboxOn = vsOutbox(ctx, binDir, o)
+	f.downP50, f.downP99, f.downCommitP50, f.downCommitP99 = downstream(ctx, binDir, o)
 	f.e2eP50, f.e2eP99, f.e2eHTTPP99, f.e2eAchieved, f.e2eN, f.e2eReceiverRSS, f.e2eWorkerRSS = endToEnd(ctx, binDir, o)
 	f.e2eOffered = float64(o.rate)
 	return f
+}
+
+// vsOutbox times the stock worker and the examples' orders worker (the
+// payment effect plus an orders row and an outbox message per payment,
+// published by its relay) on backlogs of the same size, one after the
+// other.
+func vsOutbox(ctx context.Context, binDir string, o options) (off, on float64) {
+	off = drainBacklog(ctx, binDir, "worker", o.baselineEvents, o.dups, splitEnv(o.workerEnv)...)
+	on = drainBacklog(ctx, binDir, "orders", o.baselineEvents, o.dups, splitEnv(o.workerEnv)...)
+	fmt.Printf("worker on %d deliveries: outbox off %.0f/s, on %.0f/s\n", o.baselineEvents*(1+o.dups), off, on)
+	return off, on
+}
+
+// downstream offers o.rate events/s for o.rateFor to the receiver, with the
+// examples' orders worker and confirmations consumer running, and reads
+// received -> email sent (sent_emails.sent_at) and received -> committed.
+func downstream(ctx context.Context, binDir string, o options) (p50, p99, commitP50, commitP99 float64) {
+	s := newStack(ctx, binDir)
+	defer s.Close()
+	httpAddr := harness.FreeAddr()
+	rcv, err := s.Start("receiver", "receiver", s.Env(append([]string{"WEBHOOK_SECRETS=whsec_bench", "HTTP_ADDR=" + httpAddr,
+		"METRICS_ADDR=" + harness.FreeAddr()}, splitEnv(o.receiverEnv)...)...))
+	check(err)
+	defer rcv.Term(30 * time.Second)
+	wrk, err := s.Start("worker", "orders", s.Env(append([]string{"METRICS_ADDR=" + harness.FreeAddr()}, splitEnv(o.workerEnv)...)...))
+	check(err)
+	defer wrk.Term(30 * time.Second)
+	con, err := s.Start("consumer", "confirmations", s.Env())
+	check(err)
+	defer con.Term(30 * time.Second)
+	check(harness.WaitHTTP("http://"+httpAddr+"/readyz", 20*time.Second))
+
+	total := int(float64(o.rate) * o.rateFor.Seconds())
+	list := ids("down", total)
+	sender := harness.NewSender("http://"+httpAddr, "whsec_bench", 256)
+	var wg sync.WaitGroup
+	interval := time.Second / time.Duration(o.rate)
+	start := time.Now()
+	for i := 0; i < total; i++ {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Go(func() {
+			// Retried on 503 as a provider would; the latency is measured
+			// from the acceptance (received_at) to the email.
+			for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+				code, _ := sender.Send(ctx, harness.Body(list[i]))
+				if code == 202 {
+					return
+				}
+				if code != 503 && code != 0 {
+					check(fmt.Errorf("downstream phase: an answer was %d", code))
+				}
+				time.Sleep(wait)
+			}
+		})
+	}
+	wg.Wait()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		d, err := s.ReadDownstream(ctx)
+		check(err)
+		if d.EmailedPayments == total && d.Emails == total {
+			break
+		}
+		if time.Now().After(deadline) {
+			check(fmt.Errorf("downstream: %d of %d emails sent (%d rows)", d.EmailedPayments, total, d.Emails))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	check(s.DB.QueryRow(ctx, `SELECT
+		1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY m.sent_at - p.received_at)),
+		1000 * extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY m.sent_at - p.received_at)),
+		1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY p.processed_at - p.received_at)),
+		1000 * extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY p.processed_at - p.received_at))
+		FROM sent_emails m JOIN processed_events p ON p.event_id = m.event_id`).Scan(&p50, &p99, &commitP50, &commitP99))
+	fmt.Printf("downstream: %d events, received->email sent p50 %.1f ms p99 %.1f ms (received->committed p50 %.1f p99 %.1f)\n",
+		total, p50, p99, commitP50, commitP99)
+	return p50, p99, commitP50, commitP99
 }
 
 // baselineName is the revision the baseline phase compares with.
@@ -547,7 +648,7 @@ func mainWorkload(ctx context.Context, binDir string, o options) (rps, p50, p99,
 	}
 	accepted := codes[202]
 
-	wRate, wUnique, wRSS = drainWith(ctx, s, accepted, o.events, splitEnv(o.workerEnv)...)
+	wRate, wUnique, wRSS = drainWith(ctx, s, "worker", accepted, o.events, splitEnv(o.workerEnv)...)
 	fmt.Printf("worker: %d deliveries settled at %.0f/s (%.0f unique/s), peak RSS %.1f MiB\n", accepted, wRate, wUnique, wRSS)
 	return rps, p50, p99, rRSS, wRate, wUnique, wRSS
 }
@@ -563,14 +664,14 @@ func mainWorkload(ctx context.Context, binDir string, o options) (rps, p50, p99,
 // instead (counting and grouping its rows every few milliseconds) cost
 // Postgres more CPU than the worker's writes, and scraping the worker all
 // along cost it several percent of a core.
-func drainWith(ctx context.Context, s *harness.Stack, delivered, unique int, env ...string) (rate, uniqueRate, rss float64) {
+func drainWith(ctx context.Context, s *harness.Stack, binary string, delivered, unique int, env ...string) (rate, uniqueRate, rss float64) {
 	conn, err := amqp.Dial(s.AMQPURL)
 	check(err)
 	defer conn.Close()
 	ch, err := conn.Channel()
 	check(err)
 	metricsAddr := harness.FreeAddr()
-	w, err := s.Start("worker", "worker", s.Env(append([]string{"METRICS_ADDR=" + metricsAddr}, env...)...))
+	w, err := s.Start("worker", binary, s.Env(append([]string{"METRICS_ADDR=" + metricsAddr}, env...)...))
 	check(err)
 	defer w.Term(30 * time.Second)
 	// The clock starts when the worker reports that it consumes: its
@@ -669,6 +770,13 @@ func printWorkerShape(metricsAddr string) {
 // the receiver publishes them, then times a worker started with env
 // draining them.
 func workerOnly(ctx context.Context, binDir string, unique, dups int, env ...string) float64 {
+	return drainBacklog(ctx, binDir, "worker", unique, dups, env...)
+}
+
+// drainBacklog publishes unique events, each 1+dups times, as the receiver
+// publishes them, then times the worker binary (worker, or the examples'
+// orders worker) draining them.
+func drainBacklog(ctx context.Context, binDir, binary string, unique, dups int, env ...string) float64 {
 	s := newStack(ctx, binDir)
 	defer s.Close()
 	// The topology is the workers'; declare it before publishing.
@@ -700,7 +808,7 @@ func workerOnly(ctx context.Context, binDir string, unique, dups int, env ...str
 	}
 	wg.Wait()
 	_ = cc.Close()
-	rate, _, _ := drainWith(ctx, s, len(list), unique, env...)
+	rate, _, _ := drainWith(ctx, s, binary, len(list), unique, env...)
 	return rate
 }
 
