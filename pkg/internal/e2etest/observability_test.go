@@ -15,6 +15,7 @@ import (
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/admin"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dlq"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/queuestats"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/receiver"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
@@ -53,6 +54,7 @@ func exported(t *testing.T) map[string]bool {
 	worker.NewMetrics(d)
 	dlq.NewMetrics(d)
 	admin.NewMetrics(d)
+	outbox.NewMetrics(d)
 	client, err := queuestats.New("http://127.0.0.1:1", "/")
 	require.NoError(t, err)
 	_, err = queuestats.NewCollector(queuestats.CollectorOptions{Registerer: d, Client: client, Interval: time.Minute})
