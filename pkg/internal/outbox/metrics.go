@@ -24,7 +24,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		published: prometheus.NewCounter(prometheus.CounterOpts{Namespace: telemetry.Namespace, Subsystem: sub, Name: "published_total",
 			Help: "Outbox messages published (acked by the broker, not returned) and marked published."}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: telemetry.Namespace, Subsystem: sub, Name: "publish_failures_total",
-			Help: "Failed publishes of outbox messages, by reason (returned, nacked, timeout): each is tried again after a backoff."}, []string{"reason"}),
+			Help: "Failed publishes of outbox messages, by reason (returned, nacked, timeout, other): each is tried again after a backoff."}, []string{"reason"}),
 		parked: prometheus.NewCounter(prometheus.CounterOpts{Namespace: telemetry.Namespace, Subsystem: sub, Name: "parked_total",
 			Help: "Outbox messages parked after their last attempt; they and their object's later messages wait for an operator."}),
 		backlog: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: telemetry.Namespace, Subsystem: sub, Name: "backlog",
