@@ -30,7 +30,8 @@ CREATE TABLE outbox (
     parked_at       timestamptz,
     UNIQUE (object_id, seq)
 );
-CREATE INDEX outbox_pending ON outbox (next_attempt_at, id) WHERE published_at IS NULL AND parked_at IS NULL;
+-- the relay's claim: unpublished, not parked, in id order
+CREATE INDEX outbox_pending ON outbox (id) WHERE published_at IS NULL AND parked_at IS NULL;
 CREATE INDEX outbox_unpublished ON outbox (object_id, seq) WHERE published_at IS NULL;
 CREATE INDEX outbox_published ON outbox (published_at) WHERE published_at IS NOT NULL;
 

@@ -2,7 +2,9 @@
 // messages idempotent-events' outbox relay publishes, with the same ledger
 // pattern the worker uses: a message's effect is written in one
 // transaction with a row keyed on its MessageId (the outbox's idempotency
-// key), and the message is acked only after COMMIT.
+// key), and the message is acked only after COMMIT. The messages already
+// delivered are taken a batch at a time, one transaction each, handled in
+// their order.
 //
 //   - A redelivery (the relay published it again after dying before it
 //     marked the row, or the consumer died before its ack) finds the row and
@@ -22,7 +24,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,6 +34,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/backoff"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/options"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 )
 
@@ -72,8 +74,11 @@ type Options struct {
 	// ie_consumed_messages is created there if missing.
 	DB      *pgxpool.Pool
 	Handler Handler
-	// Prefetch bounds the unacked messages (16 when zero).
+	// Prefetch bounds the unacked messages (64 when zero).
 	Prefetch int
+	// BatchSize is how many messages one transaction takes at most, of
+	// those already delivered (32 when zero).
+	BatchSize int
 	// RetryDelay is how long a failed message waits before it is given
 	// back to the queue (1s when zero).
 	RetryDelay time.Duration
@@ -81,12 +86,8 @@ type Options struct {
 }
 
 func (o *Options) validate() error {
-	var problems []string
-	need := func(ok bool, field, what string) {
-		if !ok {
-			problems = append(problems, field+" "+what)
-		}
-	}
+	p := options.Check("consumer")
+	need := p.Need
 	need(o.Name != "", "Name", "is required")
 	need(o.AMQPURL != "", "AMQPURL", "is required")
 	need(o.Queue != "", "Queue", "is required")
@@ -94,11 +95,15 @@ func (o *Options) validate() error {
 	need(o.DB != nil, "DB", "is required")
 	need(o.Handler != nil, "Handler", "is required")
 	need(o.Prefetch >= 0, "Prefetch", "must not be negative")
-	if len(problems) > 0 {
-		return fmt.Errorf("consumer: %s", strings.Join(problems, "; "))
+	need(o.BatchSize >= 0, "BatchSize", "must not be negative")
+	if err := p.Err(); err != nil {
+		return err
 	}
 	if o.Prefetch == 0 {
-		o.Prefetch = 16
+		o.Prefetch = 64
+	}
+	if o.BatchSize == 0 {
+		o.BatchSize = 32
 	}
 	if o.RetryDelay <= 0 {
 		o.RetryDelay = time.Second
@@ -171,8 +176,10 @@ func (c *Consumer) serve(ctx context.Context, conn *amqp.Connection) error {
 		return fmt.Errorf("consume %s: %w", c.opts.Queue, err)
 	}
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	work := context.WithoutCancel(ctx) // a message being handled is finished
+	work := context.WithoutCancel(ctx) // a batch being handled is finished
+	batch := make([]amqp.Delivery, 0, c.opts.BatchSize)
 	for {
+		batch = batch[:0]
 		select {
 		case <-ctx.Done():
 			return nil
@@ -182,18 +189,31 @@ func (c *Consumer) serve(ctx context.Context, conn *amqp.Connection) error {
 			if !ok {
 				return errors.New("deliveries closed")
 			}
-			if err := c.handle(work, d); err != nil {
-				c.log.Warn("message not handled; it and the later ones come again", zap.String("message_id", d.MessageId), zap.Error(err))
-				backoff.Sleep(ctx, c.opts.RetryDelay)
-				return fmt.Errorf("handle %s: %w", d.MessageId, err)
+			batch = append(batch, d)
+		}
+		// Take whatever else is already here, without waiting for more.
+	more:
+		for len(batch) < c.opts.BatchSize {
+			select {
+			case d, ok := <-deliveries:
+				if !ok {
+					break more
+				}
+				batch = append(batch, d)
+			default:
+				break more
 			}
+		}
+		if err := c.handle(work, batch); err != nil {
+			c.log.Warn("messages not handled; they and the later ones come again", zap.String("first_message_id", batch[0].MessageId), zap.Error(err))
+			backoff.Sleep(ctx, c.opts.RetryDelay)
+			return fmt.Errorf("handle %s…: %w", batch[0].MessageId, err)
 		}
 	}
 }
 
-// handle writes the message's ledger row and its effect in one
-// transaction, then acks.
-func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) error {
+// message reads a delivery's message.
+func message(d amqp.Delivery) Message {
 	m := Message{ID: d.MessageId, RoutingKey: d.RoutingKey, Body: d.Body, Headers: map[string]string{}}
 	for k, v := range d.Headers {
 		switch k {
@@ -211,23 +231,55 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) error {
 			}
 		}
 	}
-	if m.ID == "" {
-		c.log.Error("message without a MessageId: not from the outbox; dropped with a reject", zap.String("routing_key", d.RoutingKey))
-		return d.Reject(false)
+	return m
+}
+
+// handle writes the ledger rows of a batch of deliveries and, in their
+// order, the effects of the messages whose rows are new, in one
+// transaction, then acks the batch.
+func (c *Consumer) handle(ctx context.Context, batch []amqp.Delivery) error {
+	msgs := make([]Message, 0, len(batch))
+	ids, objects, seqs := make([]string, 0, len(batch)), make([]string, 0, len(batch)), make([]int64, 0, len(batch))
+	for _, d := range batch {
+		m := message(d)
+		if m.ID == "" {
+			c.log.Error("message without a MessageId: not from the outbox; rejected", zap.String("routing_key", d.RoutingKey))
+			if err := d.Reject(false); err != nil {
+				return err
+			}
+			continue
+		}
+		msgs = append(msgs, m)
+		ids, objects, seqs = append(ids, m.ID), append(objects, m.ObjectID), append(seqs, m.Seq)
 	}
 	err := pgx.BeginFunc(ctx, c.opts.DB, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `INSERT INTO ie_consumed_messages (consumer, message_id, object_id, seq) VALUES ($1, $2, $3, $4)
-			ON CONFLICT DO NOTHING`, c.opts.Name, m.ID, m.ObjectID, m.Seq)
+		rows, err := tx.Query(ctx, `INSERT INTO ie_consumed_messages (consumer, message_id, object_id, seq)
+			SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[]) ON CONFLICT DO NOTHING RETURNING message_id`,
+			c.opts.Name, ids, objects, seqs)
 		if err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
-			return nil // consumed before: a duplicate
+		fresh, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
 		}
-		return c.opts.Handler(ctx, m, tx)
+		isNew := make(map[string]bool, len(fresh))
+		for _, id := range fresh {
+			isNew[id] = true
+		}
+		for _, m := range msgs {
+			if !isNew[m.ID] {
+				continue // consumed before (or twice in this batch): a duplicate
+			}
+			delete(isNew, m.ID)
+			if err := c.opts.Handler(ctx, m, tx); err != nil {
+				return fmt.Errorf("message %s: %w", m.ID, err)
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return err
 	}
-	return d.Ack(false)
+	return batch[len(batch)-1].Ack(true)
 }

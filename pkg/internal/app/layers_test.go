@@ -17,7 +17,7 @@ const module = "github.com/idempotent-events/idempotent-events/"
 var layers = map[string]int{
 	// Vocabulary and plumbing that import nothing of ours.
 	"pkg/internal/backoff": 0, "pkg/internal/event": 0, "pkg/internal/webhook": 0, "pkg/internal/logging": 0,
-	"pkg/internal/httpserver": 0, "pkg/internal/config": 0, "migrations": 0,
+	"pkg/internal/httpserver": 0, "pkg/internal/config": 0, "pkg/internal/options": 0, "migrations": 0,
 	// The public effects API, and the built-in payment effect written on it.
 	"pkg/effects": 0, "pkg/payments": 1,
 	// Clients of one service each, and the metrics registry.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/backoff"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/options"
 )
 
 // Message headers of a published outbox message, beside MessageId (the
@@ -57,12 +57,8 @@ type Options struct {
 }
 
 func (o *Options) validate() error {
-	var problems []string
-	need := func(ok bool, field, what string) {
-		if !ok {
-			problems = append(problems, field+" "+what)
-		}
-	}
+	p := options.Check("outbox")
+	need := p.Need
 	need(o.Pool != nil, "Pool", "is required")
 	need(o.Dialer.URL != "", "Dialer.URL", "is required")
 	need(o.BatchSize >= 1, "BatchSize", "must be at least 1")
@@ -72,8 +68,8 @@ func (o *Options) validate() error {
 	need(o.MaxBackoff > 0, "MaxBackoff", "must be positive")
 	need(o.Retention > 0, "Retention", "must be positive")
 	need(o.Metrics != nil, "Metrics", "is required")
-	if len(problems) > 0 {
-		return fmt.Errorf("outbox: %s", strings.Join(problems, "; "))
+	if err := p.Err(); err != nil {
+		return err
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()

@@ -20,12 +20,10 @@ package receiver
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"mime"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -35,6 +33,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dedupe"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/event"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/httpserver"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/options"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/webhook"
 )
@@ -99,12 +98,8 @@ type Handler struct {
 }
 
 func (o *Options) validate() error {
-	var problems []string
-	need := func(ok bool, field, what string) {
-		if !ok {
-			problems = append(problems, field+" "+what)
-		}
-	}
+	p := options.Check("receiver")
+	need := p.Need
 	need(len(o.Sources) > 0, "Sources", "must name at least one route")
 	need(o.Publisher != nil, "Publisher", "is required")
 	need(o.Duplicates == nil || o.DuplicateCheckTimeout > 0, "DuplicateCheckTimeout", "must be positive with Duplicates")
@@ -113,8 +108,8 @@ func (o *Options) validate() error {
 	need(o.RetryAfter >= time.Second, "RetryAfter", "must be at least 1s")
 	need(o.MaxInFlight >= 1, "MaxInFlight", "must be at least 1")
 	need(o.Metrics != nil, "Metrics", "is required")
-	if len(problems) > 0 {
-		return fmt.Errorf("receiver: %s", strings.Join(problems, "; "))
+	if err := p.Err(); err != nil {
+		return err
 	}
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/backoff"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/options"
 )
 
 // Options configures a Worker. New refuses a zero count, a zero timeout or
@@ -56,12 +56,8 @@ type Options struct {
 }
 
 func (o *Options) validate() error {
-	var problems []string
-	need := func(ok bool, field, what string) {
-		if !ok {
-			problems = append(problems, field+" "+what)
-		}
-	}
+	p := options.Check("worker")
+	need := p.Need
 	need(o.Dialer.URL != "", "Dialer.URL", "is required")
 	need(o.Prefetch >= 1, "Prefetch", "must be at least 1")
 	need(o.ReplayPrefetch >= 1, "ReplayPrefetch", "must be at least 1")
@@ -75,8 +71,8 @@ func (o *Options) validate() error {
 	need(o.Cache != nil, "Cache", "is required")
 	need(o.Effects != nil, "Effects", "is required (payments.Effects() for the built-in payment effect)")
 	need(o.Metrics != nil, "Metrics", "is required")
-	if len(problems) > 0 {
-		return fmt.Errorf("worker: %s", strings.Join(problems, "; "))
+	if err := p.Err(); err != nil {
+		return err
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()

@@ -313,45 +313,30 @@ func vsOutbox(ctx context.Context, binDir string, o options) (off, on float64) {
 func downstream(ctx context.Context, binDir string, o options) (p50, p99, commitP50, commitP99 float64) {
 	s := newStack(ctx, binDir)
 	defer s.Close()
-	httpAddr := harness.FreeAddr()
-	rcv, err := s.Start("receiver", "receiver", s.Env(append([]string{"WEBHOOK_SECRETS=whsec_bench", "HTTP_ADDR=" + httpAddr,
-		"METRICS_ADDR=" + harness.FreeAddr()}, splitEnv(o.receiverEnv)...)...))
-	check(err)
+	httpAddr, rcv, wrk := startPipeline(s, o, "orders")
 	defer rcv.Term(30 * time.Second)
-	wrk, err := s.Start("worker", "orders", s.Env(append([]string{"METRICS_ADDR=" + harness.FreeAddr()}, splitEnv(o.workerEnv)...)...))
-	check(err)
 	defer wrk.Term(30 * time.Second)
 	con, err := s.Start("consumer", "confirmations", s.Env())
 	check(err)
 	defer con.Term(30 * time.Second)
-	check(harness.WaitHTTP("http://"+httpAddr+"/readyz", 20*time.Second))
 
 	total := int(float64(o.rate) * o.rateFor.Seconds())
 	list := ids("down", total)
 	sender := harness.NewSender("http://"+httpAddr, "whsec_bench", 256)
-	var wg sync.WaitGroup
-	interval := time.Second / time.Duration(o.rate)
-	start := time.Now()
-	for i := 0; i < total; i++ {
-		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-			time.Sleep(d)
-		}
-		wg.Go(func() {
-			// Retried on 503 as a provider would; the latency is measured
-			// from the acceptance (received_at) to the email.
-			for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-				code, _ := sender.Send(ctx, harness.Body(list[i]))
-				if code == 202 {
-					return
-				}
-				if code != 503 && code != 0 {
-					check(fmt.Errorf("downstream phase: an answer was %d", code))
-				}
-				time.Sleep(wait)
+	openLoop(o.rate, total, func(i int) {
+		// Retried on 503 as a provider would; the latency is measured
+		// from the acceptance (received_at) to the email.
+		for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+			code, _ := sender.Send(ctx, harness.Body(list[i]))
+			if code == 202 {
+				return
 			}
-		})
-	}
-	wg.Wait()
+			if code != 503 && code != 0 {
+				check(fmt.Errorf("downstream phase: an answer was %d", code))
+			}
+			time.Sleep(wait)
+		}
+	})
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		d, err := s.ReadDownstream(ctx)
@@ -372,7 +357,44 @@ func downstream(ctx context.Context, binDir string, o options) (p50, p99, commit
 		FROM sent_emails m JOIN processed_events p ON p.event_id = m.event_id`).Scan(&p50, &p99, &commitP50, &commitP99))
 	fmt.Printf("downstream: %d events, received->email sent p50 %.1f ms p99 %.1f ms (received->committed p50 %.1f p99 %.1f)\n",
 		total, p50, p99, commitP50, commitP99)
+	var relayP50, consumerP50 float64
+	check(s.DB.QueryRow(ctx, `SELECT
+		1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY o.published_at - o.created_at)),
+		1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY m.sent_at - o.published_at))
+		FROM sent_emails m JOIN outbox o ON o.idempotency_key = m.message_id`).Scan(&relayP50, &consumerP50))
+	fmt.Printf("  of which committed->published p50 %.1f ms, published->sent p50 %.1f ms\n", relayP50, consumerP50)
 	return p50, p99, commitP50, commitP99
+}
+
+// startPipeline starts a receiver and the worker binary (worker, or the
+// examples' orders worker) on s, waits until the receiver is ready, and
+// returns its address and the two processes (the caller stops them).
+func startPipeline(s *harness.Stack, o options, workerBinary string) (httpAddr string, rcv, wrk *harness.Proc) {
+	httpAddr = harness.FreeAddr()
+	var err error
+	rcv, err = s.Start("receiver", "receiver", s.Env(append([]string{"WEBHOOK_SECRETS=whsec_bench", "HTTP_ADDR=" + httpAddr,
+		"METRICS_ADDR=" + harness.FreeAddr()}, splitEnv(o.receiverEnv)...)...))
+	check(err)
+	wrk, err = s.Start("worker", workerBinary, s.Env(append([]string{"METRICS_ADDR=" + harness.FreeAddr()}, splitEnv(o.workerEnv)...)...))
+	check(err)
+	check(harness.WaitHTTP("http://"+httpAddr+"/readyz", 20*time.Second))
+	return httpAddr, rcv, wrk
+}
+
+// openLoop runs send(0) … send(total-1) on a schedule of rate per second,
+// each on its own goroutine, whatever the answers' latency (an open loop,
+// as webhooks arrive), and waits for them all.
+func openLoop(rate, total int, send func(i int)) {
+	var wg sync.WaitGroup
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	for i := 0; i < total; i++ {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Go(func() { send(i) })
+	}
+	wg.Wait()
 }
 
 // baselineName is the revision the baseline phase compares with.
@@ -817,32 +839,17 @@ func drainBacklog(ctx context.Context, binDir, binary string, unique, dups int, 
 func endToEnd(ctx context.Context, binDir string, o options) (p50, p99, httpP99, achieved, n, rRSS, wRSS float64) {
 	s := newStack(ctx, binDir)
 	defer s.Close()
-	httpAddr := harness.FreeAddr()
-	rcv, err := s.Start("receiver", "receiver", s.Env(append([]string{"WEBHOOK_SECRETS=whsec_bench", "HTTP_ADDR=" + httpAddr,
-		"METRICS_ADDR=" + harness.FreeAddr()}, splitEnv(o.receiverEnv)...)...))
-	check(err)
+	httpAddr, rcv, wrk := startPipeline(s, o, "worker")
 	defer rcv.Term(30 * time.Second)
-	wrk, err := s.Start("worker", "worker", s.Env(append([]string{"METRICS_ADDR=" + harness.FreeAddr()}, splitEnv(o.workerEnv)...)...))
-	check(err)
 	defer wrk.Term(30 * time.Second)
-	check(harness.WaitHTTP("http://"+httpAddr+"/readyz", 20*time.Second))
 
 	total := int(float64(o.rate) * o.rateFor.Seconds())
 	list := ids("e2e", total)
 	sender := harness.NewSender("http://"+httpAddr, "whsec_bench", 256)
 	lat := make([]time.Duration, total)
 	codes := make([]int, total)
-	var wg sync.WaitGroup
-	interval := time.Second / time.Duration(o.rate)
 	start := time.Now()
-	for i := 0; i < total; i++ {
-		// Open loop: send on schedule whatever the answers' latency.
-		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-			time.Sleep(d)
-		}
-		wg.Go(func() { codes[i], lat[i] = sender.Send(ctx, harness.Body(list[i])) })
-	}
-	wg.Wait()
+	openLoop(o.rate, total, func(i int) { codes[i], lat[i] = sender.Send(ctx, harness.Body(list[i])) })
 	achieved = float64(total) / time.Since(start).Seconds()
 	for _, c := range codes {
 		if c != 202 {
