@@ -19,8 +19,10 @@
 #      decode into the k8s.io/api types, property checks, values.schema.json
 #      rejections, envtest server-side dry run (kube-apiserver v1.37.2,
 #      FieldValidation=Strict), kind-config.yaml strict decode, Tiltfile run
-#      in Starlark, BuildKit lint of the Dockerfiles, and the Dockerfile's go
-#      build step run as written (static binaries that start).
+#      in Starlark, BuildKit lint of the Dockerfiles, the Dockerfile's go
+#      build step run as written (static binaries that start), and receiver,
+#      worker and migrate --check-config with each container's environment
+#      as the chart renders it (contract_test.go).
 #   2. helm-unittest suites in charts/idempotent-events/tests.
 #   3. kubernetes-models' OpenAPI validators (npm ci, hack/deploytest/crdcheck)
 #      on the rendered scenarios: the only schema check of the CRD objects

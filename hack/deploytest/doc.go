@@ -15,7 +15,12 @@
 //     resources the chart renders, and the Dockerfile passes BuildKit's
 //     parser and lint rules;
 //   - the Dockerfile's go build command, run as written, makes static
-//     binaries that start.
+//     binaries that start;
+//   - the chart/binary contract: for the default values and every scenario,
+//     each container that runs receiver, worker or migrate gets its
+//     environment resolved as the kubelet would (env, envFrom with prefix,
+//     ConfigMap and Secret references, the downward API) and that binary,
+//     built from this tree, passes --check-config with exactly it.
 //
 // Run it with hack/check-deploy.sh, which builds the tools it needs first.
 package deploytest

@@ -32,6 +32,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		{"wrong type: integer for boolean", map[string]any{"migration": map[string]any{"enabled": 1}}, []string{"enabled"}},
 		{"wrong type: port out of range", map[string]any{"receiver": map[string]any{"port": 70000}}, []string{"port"}},
 		{"invalid enum", map[string]any{"config": map[string]any{"queueType": "stream"}}, []string{"queueType"}},
+		{"duplicate check as a boolean", map[string]any{"receiver": map[string]any{"config": map[string]any{"duplicateCheck": true}}}, []string{"duplicateCheck"}},
 		{"invalid duration", map[string]any{"receiver": map[string]any{"config": map[string]any{"publishTimeout": "5 seconds"}}}, []string{"publishTimeout"}},
 		{"invalid autoscaling mode", map[string]any{"worker": map[string]any{"autoscaling": map[string]any{"mode": "vpa"}}}, []string{"mode"}},
 		{"URL-unsafe bundled password", map[string]any{"postgresql": map[string]any{"auth": map[string]any{"password": "p@ss/word"}}}, []string{"password"}},
