@@ -181,9 +181,12 @@ func checkNamesAndLabels(t *testing.T, r *rendering) {
 	}
 }
 
-// podTemplate returns the pod template of a workload kind.
+// podTemplate returns the pod template of a workload kind; for a bare Pod,
+// the Pod itself as a template (no selector).
 func podTemplate(o object) (*corev1.PodTemplateSpec, *metav1.LabelSelector) {
 	switch w := o.obj.(type) {
+	case *corev1.Pod:
+		return &corev1.PodTemplateSpec{ObjectMeta: w.ObjectMeta, Spec: w.Spec}, nil
 	case *appsv1.Deployment:
 		return &w.Spec.Template, w.Spec.Selector
 	case *appsv1.StatefulSet:
@@ -768,36 +771,54 @@ func checkMigration(t *testing.T, r *rendering) {
 	}
 }
 
-// checkHelmTest: the test Job sends one event twice, then verifies it was
-// processed once.
+// checkHelmTest: the test hook is a Pod (`helm test --logs` reads the logs
+// of test Pods only, and fails on a Job) that sends one event twice, then
+// verifies it was processed once.
 func checkHelmTest(t *testing.T, r *rendering) {
 	t.Helper()
-	o, ok := r.find("Job", fullname+"-test")
+	var hooks []object
+	for _, o := range r.objects {
+		if isHook(o, "test") {
+			hooks = append(hooks, o)
+		}
+	}
 	if dig(r.values, "helmTest", "enabled") != true {
-		if ok {
-			t.Errorf("helmTest.enabled=false but %s rendered", o)
+		if len(hooks) > 0 {
+			t.Errorf("helmTest.enabled=false but %s rendered", hooks[0])
 		}
 		return
 	}
-	if !ok {
-		t.Fatal("no helm test Job rendered")
+	if len(hooks) != 1 {
+		t.Fatalf("want one helm test hook, got %d: %s", len(hooks), r.summary())
 	}
-	if !isHook(o, "test") {
-		t.Errorf("%s: not a helm test hook", o)
+	o := hooks[0]
+	pod, ok := o.obj.(*corev1.Pod)
+	if !ok || o.name() != fullname+"-test" {
+		t.Fatalf("%s: the helm test hook must be Pod %s-test (helm test --logs finds no Pod of a Job)", o, fullname)
 	}
-	spec := o.obj.(*batchv1.Job).Spec.Template.Spec
+	if o.u.GetAnnotations()["helm.sh/hook-delete-policy"] != "before-hook-creation" {
+		t.Errorf("%s: hook-delete-policy %q, want before-hook-creation", o, o.u.GetAnnotations()["helm.sh/hook-delete-policy"])
+	}
+	spec := pod.Spec
+	if spec.RestartPolicy != corev1.RestartPolicyNever {
+		t.Errorf("%s: restartPolicy %q, want Never (a failed check must fail the test)", o, spec.RestartPolicy)
+	}
+	if spec.ActiveDeadlineSeconds == nil || *spec.ActiveDeadlineSeconds <= 0 {
+		t.Errorf("%s: no activeDeadlineSeconds", o)
+	}
 	if len(spec.InitContainers) != 1 || len(spec.Containers) != 1 {
 		t.Fatalf("%s: want send (init) + verify containers", o)
 	}
-	send, verify := strings.Join(spec.InitContainers[0].Command, " "), strings.Join(spec.Containers[0].Command, " ")
-	id := flagValue(spec.InitContainers[0].Command, "--id")
-	if !strings.HasPrefix(send, "/usr/local/bin/eventsctl send ") || flagValue(spec.InitContainers[0].Command, "--times") != "2" || id == "" {
+	sendC, verifyC := spec.InitContainers[0], spec.Containers[0]
+	send, verify := strings.Join(sendC.Command, " "), strings.Join(verifyC.Command, " ")
+	id := flagValue(sendC.Command, "--id")
+	if !strings.HasPrefix(send, "/usr/local/bin/eventsctl send ") || flagValue(sendC.Command, "--times") != "2" || id == "" {
 		t.Errorf("%s: send step %q must send one id twice", o, send)
 	}
-	if !strings.Contains(flagValue(spec.InitContainers[0].Command, "--url"), fullname+"-receiver") {
+	if !strings.Contains(flagValue(sendC.Command, "--url"), fullname+"-receiver") {
 		t.Errorf("%s: send step does not target the receiver Service: %q", o, send)
 	}
-	if !strings.HasPrefix(verify, "/usr/local/bin/eventsctl verify ") || flagValue(spec.Containers[0].Command, "--id") != id || flagValue(spec.Containers[0].Command, "--expect") != "1" {
+	if !strings.HasPrefix(verify, "/usr/local/bin/eventsctl verify ") || flagValue(verifyC.Command, "--id") != id || flagValue(verifyC.Command, "--expect") != "1" {
 		t.Errorf("%s: verify step %q must expect the same id exactly once", o, verify)
 	}
 }
