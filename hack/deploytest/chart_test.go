@@ -773,7 +773,8 @@ func checkMigration(t *testing.T, r *rendering) {
 
 // checkHelmTest: the test hook is a Pod (`helm test --logs` reads the logs
 // of test Pods only, and fails on a Job) that sends one event twice, then
-// verifies it was processed once.
+// verifies it was processed once. The event id ends in the Pod's UID, from
+// the downward API in both containers, so that no two runs share an id.
 func checkHelmTest(t *testing.T, r *rendering) {
 	t.Helper()
 	var hooks []object
@@ -820,6 +821,15 @@ func checkHelmTest(t *testing.T, r *rendering) {
 	}
 	if !strings.HasPrefix(verify, "/usr/local/bin/eventsctl verify ") || flagValue(verifyC.Command, "--id") != id || flagValue(verifyC.Command, "--expect") != "1" {
 		t.Errorf("%s: verify step %q must expect the same id exactly once", o, verify)
+	}
+	if !strings.HasSuffix(id, "_$(POD_UID)") {
+		t.Errorf("%s: event id %q does not end in _$(POD_UID): a rerun would send an id a surviving Redis answers as a duplicate", o, id)
+	}
+	for _, c := range []corev1.Container{sendC, verifyC} {
+		e, ok := env(c, "POD_UID")
+		if !ok || e.Value != "" || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.uid" {
+			t.Errorf("%s container %s: POD_UID is %+v, want fieldRef metadata.uid (Kubernetes expands $(POD_UID) only from the container's env)", o, c.Name, e)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package event_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -28,6 +29,18 @@ func TestDecodeShortForm(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, event.Payment{IntentID: "pi_9", AmountCents: 150, Currency: "eur", Status: "succeeded"}, *ev.Payment)
 	assert.True(t, ev.Created.IsZero())
+}
+
+// The chart's helm test sends evt_helmtest_<release>_<pod UID>: a UID has
+// dashes, and a release name may be 53 characters.
+func TestDecodeHelmTestEventID(t *testing.T) {
+	id := "evt_helmtest_" + strings.Repeat("r", 53) + "_3f1c2b7e-9a4d-4e8b-b6a1-0c5d2e7f9a13"
+	body := event.Example{ID: id, Type: "payment_intent.succeeded", AmountCents: 2000, Currency: "usd", Status: "succeeded"}.JSON()
+	ev, err := event.Decode(body)
+	require.NoError(t, err)
+	assert.Equal(t, id, ev.ID)
+	require.NotNil(t, ev.Payment)
+	assert.Equal(t, "pi_"+strings.TrimPrefix(id, "evt_"), ev.Payment.IntentID)
 }
 
 func TestDecodeNonPaymentStripeEventHasNoPayment(t *testing.T) {
