@@ -25,7 +25,7 @@ dev: services build ## Migrate, then run receiver + worker in the foreground aga
 	BIN=$(BIN) hack/dev.sh
 
 .PHONY: test
-test: services browser lint test-go fuzz-short chaos-short check-observability check-deploy ## The whole suite: lint, Go tests on the real services, short fuzz and chaos runs, alert/dashboard checks, chart/image/dev-loop checks
+test: services browser lint test-go fuzz-short chaos-short check-observability check-deploy k8s-e2e ## The whole suite: lint, Go tests on the real services, short fuzz and chaos runs, alert/dashboard checks, chart/image/dev-loop checks, the chart on a real one-node Kubernetes
 
 .PHONY: browser
 browser: ## Install Debian's headless Chromium for the DLQ page's browser test (needs root + apt; in CI a failure is fatal)
@@ -71,6 +71,14 @@ bench: services ## Benchmark harness: receiver, worker, end-to-end and memory be
 .PHONY: check-observability
 check-observability: ## promtool check/test of the alert rules, dashboard validation, runbook coverage
 	hack/check-observability.sh
+
+.PHONY: k8s-e2e
+k8s-e2e: services ## The chart on a real one-node Kubernetes built here, six scenarios, torn down after (root; the first run builds Kubernetes, KEDA, helm and CoreDNS from the module proxy)
+	hack/k8s/e2e.sh
+
+.PHONY: k8s-down
+k8s-down: ## Stop a cluster left by `KEEP=1 hack/k8s/e2e.sh` (or by a killed run)
+	hack/k8s/e2e.sh --down
 
 .PHONY: check-deploy
 check-deploy: ## Offline checks of the Helm chart, Dockerfile, kind config and Tiltfile
