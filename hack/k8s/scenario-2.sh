@@ -7,6 +7,14 @@
 # given. Every pod Ready, the install-time migration Job complete, `helm
 # test --logs` passes, and a signed event through the receiver's Service
 # answers 202 then 200 duplicate.
+
+# s2_ledger NS REL ID: the bundled PostgreSQL's ledger has ID.
+s2_ledger() {
+  kubectl -n "$1" exec "statefulset/$2-postgresql" -c postgresql -- \
+    sh -c 'psql -U "$POSTGRES_USER" -d "$POSTGRES_DB" -Atc "SELECT 1 FROM processed_events WHERE event_id = '"'$3'"'"' |
+    grep -qx 1
+}
+
 s2() {
   local ns=s2 rel=ie
   cat >"$NODE_DIR/s2-values.yaml" <<YAML
@@ -23,9 +31,15 @@ YAML
   helm test "$rel" -n $ns --logs --timeout 3m >"$NODE_DIR/s2-helm-test.log" 2>&1 || { cat "$NODE_DIR/s2-helm-test.log" >&2; dump $ns; return 1; }
   local verified; verified=$(grep -m1 '^ok:' "$NODE_DIR/s2-helm-test.log" || true)
   [[ -n $verified ]] || { cat "$NODE_DIR/s2-helm-test.log" >&2; return 1; }
-  local url answers; url=$(svc_url $ns "$rel-idempotent-events-receiver")
-  answers=$(eventsctl send --url "$url" --secret "$SECRET" --id "evt_k8s_s2_$RANDOM$RANDOM" --times 2 | cut -d' ' -f1 | tr '\n' ' ')
-  [[ $answers == "202 200 " ]] || { log "answers: $answers"; return 1; }
+  # 202, then (once the worker has committed it: read the ledger in the
+  # bundled PostgreSQL) 200 duplicate.
+  local url id first second answers
+  url=$(svc_url $ns "$rel-idempotent-events-receiver") id=evt_k8s_s2_$RANDOM$RANDOM
+  first=$(eventsctl send --url "$url" --secret "$SECRET" --id "$id" | cut -d' ' -f1)
+  wait_for "ledger row of $id" 60 s2_ledger "$ns" "$rel" "$id" || { dump $ns; return 1; }
+  second=$(eventsctl send --url "$url" --secret "$SECRET" --id "$id" | cut -d' ' -f1)
+  answers="$first then $second"
+  [[ $answers == "202 then 200" ]] || { log "answers: $answers"; return 1; }
   # What actually ran under the official images' names.
   local pg rmq redis
   pg=$(kubectl -n $ns exec "statefulset/$rel-postgresql" -c postgresql -- \
