@@ -6,7 +6,7 @@
 # registry (step 3; CHECK_DEPLOY_SKIP_NPM=1 skips it, loudly). Everything is
 # built from committed go.mod/go.sum and package-lock.json files, pinned; Go
 # tools go into bin/ (gitignored):
-#   bin/envtest/etcd, bin/envtest/kube-apiserver  hack/tools/{etcd,kube-apiserver}
+#   bin/envtest/etcd, bin/envtest/kube-apiserver  hack/tools/{etcd,kubernetes}
 #   bin/helm-unittest                             hack/tools/helm-unittest
 # A tool is rebuilt only when its module files or build flags changed (stamp
 # file next to it); --rebuild-tools forces it. Build caches are the standard
@@ -60,14 +60,16 @@ build_tool() {
   fi
   local t=$SECONDS
   mkdir -p "$(dirname "$out")"
-  (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$out" "$pkg") || fail "building $name"
+  # CGO off and the same module as hack/k8s/tools.sh: the packages compiled
+  # here are the ones make k8s-e2e links, so Go's build cache serves both.
+  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out" "$pkg") || fail "building $name"
   echo "$want" >"$stamp"
   printf '    %s: built in %ds (%s)\n' "$name" $((SECONDS - t)) "${out#"$ROOT"/}"
 }
 
 step "tools from hack/tools (pinned wrapper modules)"
 build_tool etcd hack/tools/etcd "$BIN/envtest/etcd" go.etcd.io/etcd/server/v3
-build_tool kube-apiserver hack/tools/kube-apiserver "$BIN/envtest/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver \
+build_tool kube-apiserver hack/tools/kubernetes "$BIN/envtest/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver \
   "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
 build_tool helm-unittest hack/tools/helm-unittest "$BIN/helm-unittest" github.com/helm-unittest/helm-unittest/cmd/helm-unittest
 "$BIN/envtest/kube-apiserver" --version | grep -qx "Kubernetes $K8S_VERSION" || fail "kube-apiserver does not report $K8S_VERSION"

@@ -1,4 +1,10 @@
-// Wrapper module that builds kube-apiserver v1.37.2 for the envtest check in
+// Wrapper module pinning Kubernetes v1.37.2 for the project's own tests:
+// kube-apiserver for the envtest check in hack/deploytest (hack/check-deploy.sh)
+// and every node binary for the real one-node cluster (hack/k8s/tools.sh).
+// k8s.io/kubernetes cannot be `go install`ed because its go.mod replaces the
+// k8s.io/* staging modules with local paths; this module points each of them
+// at the published v0.37.2 release instead.
+module that builds kube-apiserver v1.37.2 for the envtest check in
 // hack/deploytest. k8s.io/kubernetes cannot be `go install`ed because its
 // go.mod replaces the k8s.io/* staging modules with local paths; this module
 // points each of them at the published v0.37.2 release instead.
