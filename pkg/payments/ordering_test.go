@@ -109,12 +109,16 @@ func events(t *testing.T, name, tag string, sameSecond bool) [][]byte {
 
 // objectRow is the state payments keeps of one object.
 type objectRow struct {
-	Status                 string
-	Received, Refunded     int64
-	NeedsRefresh           bool
-	Transitions, Succeeded int
-	Recorded               int
+	Status             string
+	Received, Refunded int64
+	NeedsRefresh       bool
+	Succeeded          int
+	Recorded           int
 }
+
+// transition is one run of the transition handlers: an object's state
+// from, and to.
+type transition struct{ From, To string }
 
 // The built-in payment state under reordering, on the real worker and
 // Postgres. Every lifecycle is run once in order (each event committed
@@ -123,11 +127,16 @@ type objectRow struct {
 //   - every shuffled payment ends in the in-order payment's state
 //     (status, cumulative amounts as snapshots, no needs_refresh);
 //   - its terminal transition (succeeded, canceled) fired exactly once;
+//   - every transition of its PaymentIntent and its Charge fired at most
+//     once, in the in-order run's order (a shuffle that brings a later
+//     event first skips the states between: they are superseded, and
+//     their transitions never fire);
 //   - every event is recorded with its outcome, once.
 //
 // Then the same with every created time equal: a pair of states that
-// cannot be ordered is recorded as needs_refresh, and no payment ends in a
-// wrong state without being marked needs_refresh.
+// cannot be ordered is recorded as needs_refresh, no payment ends in a
+// wrong state without being marked needs_refresh, and no transition fires
+// twice.
 func TestOrderSafeStateUnderShuffles(t *testing.T) {
 	shuffles := 1000
 	if testing.Short() {
@@ -135,13 +144,19 @@ func TestOrderSafeStateUnderShuffles(t *testing.T) {
 	}
 	p := pipelinetest.New(t)
 	ctx := context.Background()
-	_, err := p.DB.Exec(ctx, `CREATE TABLE transition_log (object_id text, from_status text, to_status text, event_id text)`)
+	// seq is the order the transitions committed in: an object's
+	// transitions run under its lock, so its rows take seq in order.
+	_, err := p.DB.Exec(ctx, `CREATE TABLE transition_log (seq bigserial, object_type text, object_id text,
+		from_status text, to_status text, event_id text)`)
 	require.NoError(t, err)
 	fx := payments.Effects()
-	fx.OnTransitionFunc(payments.PaymentIntent, "*", func(ctx context.Context, tr effects.Transition, tx effects.Tx, _ effects.Outbox) error {
-		_, err := tx.Exec(ctx, `INSERT INTO transition_log VALUES ($1, $2, $3, $4)`, tr.Object.ID, tr.From, tr.To, tr.Event.Key)
+	logTransition := func(ctx context.Context, tr effects.Transition, tx effects.Tx, _ effects.Outbox) error {
+		_, err := tx.Exec(ctx, `INSERT INTO transition_log (object_type, object_id, from_status, to_status, event_id)
+			VALUES ($1, $2, $3, $4, $5)`, tr.Object.Type, tr.Object.ID, tr.From, tr.To, tr.Event.Key)
 		return err
-	})
+	}
+	fx.OnTransitionFunc(payments.PaymentIntent, "*", logTransition)
+	fx.OnTransitionFunc(payments.Charge, "*", logTransition)
 	p.Effects = fx
 	p.Tune = func(c *config.Worker) { c.Prefetch, c.BatchSize, c.Concurrency = 256, 64, 4 }
 	p.StartWorker("")
@@ -188,13 +203,35 @@ func TestOrderSafeStateUnderShuffles(t *testing.T) {
 		require.True(t, ok, "no PaymentIntent pi_%s", tag)
 		return r
 	}
+	logged, chargeStatus := transitionLog(t, p), chargeStates(t, p)
+	skipped := 0
 	for name, steps := range lifecycles {
 		inOrder := state("inorder_" + name)
 		require.Equal(t, len(steps), inOrder.Recorded, "%s in order: every event recorded", name)
 		require.False(t, inOrder.NeedsRefresh, "%s in order", name)
 		require.Equal(t, 1, inOrder.Succeeded, "%s in order: one terminal transition", name)
+		inOrderPaths := map[string][]transition{}
+		for _, kind := range []string{payments.PaymentIntent, payments.Charge} {
+			inOrderPaths[kind] = path(steps, kind)
+			require.Equal(t, inOrderPaths[kind], logged[kind]["inorder_"+name], "%s in order: the %s transitions", name, kind)
+		}
+		// transitionsOnce checks the transitions of both objects of the
+		// payment tagged tg, whose PaymentIntent ended in status.
+		transitionsOnce := func(tg, status string, repeats bool) {
+			for _, kind := range []string{payments.PaymentIntent, payments.Charge} {
+				final := status
+				if kind == payments.Charge {
+					final = chargeStatus[tg]
+				}
+				walksThePath(t, tg+" "+kind, logged[kind][tg], inOrderPaths[kind], final, repeats)
+			}
+		}
 		for k := 0; k < shuffles; k++ {
 			got := state(tag(name, k, false))
+			transitionsOnce(tag(name, k, false), got.Status, true)
+			if len(logged[payments.PaymentIntent][tag(name, k, false)]) < len(inOrderPaths[payments.PaymentIntent]) {
+				skipped++
+			}
 			assert.Equal(t, inOrder.Status, got.Status, "%s shuffle %d", name, k)
 			assert.Equal(t, inOrder.Received, got.Received, "%s shuffle %d: amount_received", name, k)
 			assert.Equal(t, inOrder.Refunded, got.Refunded, "%s shuffle %d: amount_refunded", name, k)
@@ -203,8 +240,11 @@ func TestOrderSafeStateUnderShuffles(t *testing.T) {
 			assert.Equal(t, len(steps), got.Recorded, "%s shuffle %d: every event recorded once", name, k)
 
 			same := state(tag(name, k, true))
+			transitionsOnce(tag(name, k, true), same.Status, false)
 			if same.Status != inOrder.Status {
 				assert.True(t, same.NeedsRefresh, "%s same-second shuffle %d ended %s (inOrder %s) without needs_refresh", name, k, same.Status, inOrder.Status)
+			} else {
+				assert.Equal(t, 1, same.Succeeded, "%s same-second shuffle %d: the terminal transition fires once", name, k)
 			}
 			assert.Equal(t, inOrder.Received, same.Received, "%s same-second shuffle %d: amount_received", name, k)
 			assert.Equal(t, inOrder.Refunded, same.Refunded, "%s same-second shuffle %d: amount_refunded", name, k)
@@ -212,6 +252,7 @@ func TestOrderSafeStateUnderShuffles(t *testing.T) {
 			assert.LessOrEqual(t, same.Succeeded, 1, "%s same-second shuffle %d: never two terminal transitions", name, k)
 		}
 	}
+	t.Logf("%d of %d shuffled payments skipped some of the in-order run's PaymentIntent states", skipped, shuffles*len(lifecycles))
 	outcomes := map[string]int{}
 	rows, err := p.DB.Query(ctx, `SELECT outcome, count(*) FROM payment_events GROUP BY 1`)
 	require.NoError(t, err)
@@ -250,28 +291,127 @@ func inOrderCount() int {
 	return n
 }
 
-// states reads every PaymentIntent with its transitions and its events,
-// by the tag in its id.
+// states reads every PaymentIntent with its terminal transitions and its
+// events, by the tag in its id.
 func states(t *testing.T, p *pipelinetest.Pipeline) map[string]objectRow {
 	t.Helper()
 	rows, err := p.DB.Query(context.Background(), `
 		WITH tr AS (
-			SELECT object_id, count(*) AS n, count(*) FILTER (WHERE to_status IN ('succeeded', 'canceled')) AS terminal
-			FROM transition_log GROUP BY 1
+			SELECT object_id, count(*) FILTER (WHERE to_status IN ('succeeded', 'canceled')) AS terminal
+			FROM transition_log WHERE object_type = 'payment_intent' GROUP BY 1
 		), ev AS (
 			SELECT substr(object_id, 4) AS tag, count(*) AS n FROM payment_events GROUP BY 1
 		)
 		SELECT substr(pi.id, 4), pi.status, pi.amount_received, pi.amount_refunded, pi.needs_refresh,
-			coalesce(tr.n, 0), coalesce(tr.terminal, 0), coalesce(ev.n, 0)
+			coalesce(tr.terminal, 0), coalesce(ev.n, 0)
 		FROM payment_intents pi LEFT JOIN tr ON tr.object_id = pi.id LEFT JOIN ev ON ev.tag = substr(pi.id, 4)`)
 	require.NoError(t, err)
 	out := map[string]objectRow{}
 	for rows.Next() {
 		var tag string
 		var r objectRow
-		require.NoError(t, rows.Scan(&tag, &r.Status, &r.Received, &r.Refunded, &r.NeedsRefresh, &r.Transitions, &r.Succeeded, &r.Recorded))
+		require.NoError(t, rows.Scan(&tag, &r.Status, &r.Received, &r.Refunded, &r.NeedsRefresh, &r.Succeeded, &r.Recorded))
 		out[tag] = r
 	}
 	require.NoError(t, rows.Err())
 	return out
+}
+
+// chargeStates reads every Charge's status, by the tag in its id.
+func chargeStates(t *testing.T, p *pipelinetest.Pipeline) map[string]string {
+	t.Helper()
+	rows, err := p.DB.Query(context.Background(), `SELECT substr(id, 4), status FROM charges`)
+	require.NoError(t, err)
+	out := map[string]string{}
+	for rows.Next() {
+		var tag, status string
+		require.NoError(t, rows.Scan(&tag, &status))
+		out[tag] = status
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// transitionLog reads the logged transitions by object type and the tag in
+// the object's id, each object's in the order they committed.
+func transitionLog(t *testing.T, p *pipelinetest.Pipeline) map[string]map[string][]transition {
+	t.Helper()
+	rows, err := p.DB.Query(context.Background(),
+		`SELECT object_type, substr(object_id, 4), from_status, to_status FROM transition_log ORDER BY seq`)
+	require.NoError(t, err)
+	out := map[string]map[string][]transition{}
+	for rows.Next() {
+		var kind, tag string
+		var tr transition
+		require.NoError(t, rows.Scan(&kind, &tag, &tr.From, &tr.To))
+		if out[kind] == nil {
+			out[kind] = map[string][]transition{}
+		}
+		out[kind][tag] = append(out[kind][tag], tr)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// path is the transitions of the kind object of a lifecycle run in order:
+// a change of its state per event, where a captured, succeeded charge
+// says its PaymentIntent succeeded.
+func path(steps []step, kind string) []transition {
+	var out []transition
+	cur := ""
+	for _, s := range steps {
+		status := ""
+		switch obj := s.obj["object"]; {
+		case obj == kind:
+			status = s.obj["status"].(string)
+		case kind == payments.PaymentIntent && s.obj["status"] == "succeeded" && s.obj["captured"] == true:
+			status = "succeeded"
+		}
+		if status != "" && status != cur {
+			out = append(out, transition{cur, status})
+			cur = status
+		}
+	}
+	return out
+}
+
+// walksThePath asserts that got, the transitions of object in the order
+// they committed, is a walk along inOrder, the in-order run's: from no
+// state to final, each leaving the state the one before reached, the
+// states in inOrder's order (some may be skipped), and no transition fired
+// twice — or, with repeats, more often than in inOrder (a retried debit
+// goes requires_payment_method -> processing twice).
+func walksThePath(t *testing.T, object string, got, inOrder []transition, final string, repeats bool) {
+	t.Helper()
+	cur := ""
+	for _, tr := range got {
+		assert.Equal(t, cur, tr.From, "%s: a transition that does not leave the current state, in %v", object, got)
+		cur = tr.To
+	}
+	assert.Equal(t, final, cur, "%s: the transitions do not end in the object's state, in %v", object, got)
+	allowed, fired := map[transition]int{}, map[transition]int{}
+	for _, tr := range inOrder {
+		allowed[tr]++
+	}
+	for _, tr := range got {
+		fired[tr]++
+		limit := 1
+		if repeats {
+			limit = max(1, allowed[tr])
+		}
+		if fired[tr] == limit+1 {
+			assert.Fail(t, "a transition fired more than once", "%s: %s -> %s, in %v", object, tr.From, tr.To, got)
+		}
+	}
+	i := 0
+	for _, tr := range got {
+		for i < len(inOrder) && inOrder[i].To != tr.To {
+			i++
+		}
+		if i == len(inOrder) {
+			assert.Fail(t, "states out of the in-order run's order", "%s: %v is not a walk along %v", object, got, inOrder)
+			return
+		}
+		i++
+	}
 }
