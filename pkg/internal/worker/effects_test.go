@@ -3,6 +3,8 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,4 +121,70 @@ func TestAHandlerThatEnqueuesThenFailsLeavesNeitherMessageNorLedgerRow(t *testin
 	assert.Zero(t, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_enq_fails'`))
 	assert.Equal(t, 1, rows(`SELECT count(*) FROM outbox WHERE idempotency_key = 'evt_enq_ok/receipt'`))
 	assert.Equal(t, 1, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_enq_ok'`))
+}
+
+// The same with the outbox the worker binary gives handlers (outbox.Batch,
+// as app wires it), which keeps a transaction's messages and writes them
+// only after every handler succeeded. Both events share a batch and an
+// object, and the event that commits enqueues first: when the other's
+// handler fails, the batch's outbox holds both messages. The batch is then
+// committed one event at a time, each with an outbox of its own, and the
+// failing event leaves no outbox row, no sequence number and no ledger
+// row; the other leaves one of each, its message first in the object's
+// sequence.
+func TestABatchOutboxKeepsNoMessageOfAHandlerThatFailed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	e.publish(e.event("evt_batch_ok"))
+	e.publish(e.event("evt_batch_fails"))
+	var mu sync.Mutex
+	var batches [][]string
+	var handled []string
+	w := e.start(batched(16, 200*time.Millisecond), concurrency(1), hooks(worker.Hooks{AfterDedupeCheck: func(ids []string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		batches = append(batches, slices.Clone(ids))
+		return nil
+	}}), func(o *worker.Options, _ *env) {
+		reg := effects.NewRegistry()
+		reg.HandleFunc("stripe", "*", func(ctx context.Context, ev effects.Event, _ effects.Tx, out effects.Outbox) error {
+			mu.Lock()
+			handled = append(handled, ev.Key)
+			mu.Unlock()
+			err := out.Enqueue(ctx, ev, effects.Message{Effect: "receipt", ObjectID: "pi_shared", RoutingKey: "email.receipt"})
+			if err != nil {
+				return err
+			}
+			if ev.Key == "evt_batch_fails" {
+				return effects.Permanent(errors.New("refused after enqueuing"))
+			}
+			return nil
+		})
+		o.Effects = reg
+		o.Outbox = func(tx effects.Tx) effects.Outbox { return outbox.NewBatch(tx) } // as app/worker.go
+	})
+	eventually(t, func() bool { return w.outcomes("processed")+w.outcomes("dead_lettered") == 2 }, "both settled")
+	w.stop(t)
+
+	mu.Lock()
+	require.NotEmpty(t, batches)
+	require.Equal(t, []string{"evt_batch_ok", "evt_batch_fails"}, batches[0], "both events in one batch")
+	assert.Equal(t, []string{"evt_batch_ok", "evt_batch_fails", "evt_batch_ok", "evt_batch_fails"}, handled,
+		"the batch, then each event on its own")
+	mu.Unlock()
+	rows := func(q string) int {
+		var n int
+		require.NoError(t, e.store.Pool().QueryRow(context.Background(), q).Scan(&n))
+		return n
+	}
+	assert.Zero(t, rows(`SELECT count(*) FROM outbox WHERE event_id = 'evt_batch_fails'`))
+	assert.Zero(t, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_batch_fails'`))
+	assert.Equal(t, 1, rows(`SELECT count(*) FROM outbox WHERE idempotency_key = 'evt_batch_ok/receipt'`))
+	assert.Equal(t, 1, rows(`SELECT seq FROM outbox WHERE idempotency_key = 'evt_batch_ok/receipt'`), "the failed message took no sequence number")
+	assert.Equal(t, 1, rows(`SELECT last_seq FROM outbox_sequences WHERE object_id = 'pi_shared'`))
+	assert.Equal(t, 1, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_batch_ok'`))
+	msgs := e.broker.Drain(broker.DLQ)
+	require.Len(t, msgs, 1)
+	assert.Equal(t, "evt_batch_fails", msgs[0].MessageId)
+	e.invariant()
 }
