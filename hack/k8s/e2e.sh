@@ -98,7 +98,7 @@ else
   "$HERE/docker.sh" start
   t=$SECONDS; "$HERE/pki.sh"; "$HERE/node-up.sh"; log "node Ready in $((SECONDS - t))s"
   t=$SECONDS; "$HERE/images.sh"; log "images built and imported in $((SECONDS - t))s"
-  for port in 5672 6379 5432; do
+  for port in 5672 15672 6379 5432; do
     start "socat-$port" socat "TCP-LISTEN:$port,bind=$GATEWAY,fork,reuseaddr" "TCP:127.0.0.1:$port"
   done
   kubectl apply -f "$HERE/manifests/coredns.yaml" >/dev/null
@@ -106,7 +106,15 @@ else
   log "cluster up in $((SECONDS - T0))s"
 fi
 
+# release N: delete scenario N's namespaces (sN, sN-*), so that the next
+# scenario's pods fit the node's CPU (the databases stay until teardown).
+release() {
+  local nss; nss=$(kubectl get ns -o name | cut -d/ -f2 | grep -E "^s$1(-|\$)" || true)
+  [[ -z $nss ]] || kubectl delete ns $nss --timeout=300s >/dev/null 2>&1 || log "namespaces of scenario $1 not gone after 300s"
+}
+
 for s in "${SCENARIOS[@]}"; do
   source "$HERE/scenario-$s.sh"
+  release "$s"
 done
 for r in "${RESULTS[@]}"; do [[ $r == *": ok"* || $r == *": not run"* ]] || exit 1; done

@@ -11,7 +11,7 @@
 #   orders-worker:e2e               examples/orders/Dockerfile: a team's own worker
 #   registry.k8s.io/pause:3.10      hack/k8s/cmd/pause
 #   ie-k8s/coredns:1.15.0           CoreDNS built from the proxy
-#   ghcr.io/kedacore/keda*:latest   KEDA's operator, metrics adapter and webhooks
+#   ghcr.io/kedacore/keda*:main     KEDA's operator, metrics adapter and webhooks
 #   docker.io/library/{rabbitmq,redis,postgres}:<the subcharts' tags>
 #                                   stand-ins from Debian's packages (hack/k8s/images/)
 #
@@ -96,15 +96,16 @@ $DOCKER run --rm --entrypoint /usr/local/bin/receiver idempotent-events:e2e-2 --
   die "the built image does not report its VERSION"
 
 # KEDA's three images, as its manifests name them, from the binaries built
-# by tools.sh (scenario 3).
+# by tools.sh (scenario 3). The manifests in the module (config/, what
+# scenario 3 applies) name the tag main; the binaries are v2.21.0's.
 keda=()
 if [[ -x $BIN/operator ]]; then
   for spec in operator:keda:/keda adapter:keda-metrics-apiserver:/keda-adapter webhooks:keda-admission-webhooks:/keda-admission-webhooks; do
     IFS=: read -r bin name path <<<"$spec"
     d=$B/keda-$name; rm -rf "$d"; mkdir -p "$d"; cp "$BIN/$bin" "$d/bin"
     printf 'FROM gcr.io/distroless/static-debian12:nonroot\nCOPY bin %s\nENTRYPOINT ["%s"]\n' "$path" "$path" >"$d/Dockerfile"
-    $DOCKER build -q -t "ghcr.io/kedacore/$name:latest" "$d" >/dev/null
-    keda+=("ghcr.io/kedacore/$name:latest")
+    $DOCKER build -q -t "ghcr.io/kedacore/$name:main" "$d" >/dev/null
+    keda+=("ghcr.io/kedacore/$name:main")
   done
 fi
 

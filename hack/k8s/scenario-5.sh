@@ -19,17 +19,27 @@ crds() {
 s5_one() { # FILE
   local f=$1 name; name=$(basename "$f" -values.yaml)
   local ns=s5-$name rel=ie
-  local db=ie_k8s_s5_${name//-/_}
+  # Its own database and vhost: the files differ in queue type, and
+  # RabbitMQ refuses to redeclare a queue with other arguments.
+  local db=ie_k8s_s5_${name//-/_} vh=ie-k8s-s5-$name
+  rabbitmqctl -q delete_vhost "$vh" >/dev/null 2>&1 || true
+  rabbitmqctl -q add_vhost "$vh" >/dev/null
+  rabbitmqctl -q set_permissions -p "$vh" guest '.*' '.*' '.*' >/dev/null
   kubectl delete ns $ns --ignore-not-found --timeout=180s >/dev/null
   kubectl create ns $ns >/dev/null
   psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
-  kubectl -n $ns create secret generic payments-rabbitmq --from-literal=uri="amqp://guest:guest@$GATEWAY:5672/ie-k8s-s5" >/dev/null
+  kubectl -n $ns create secret generic payments-rabbitmq --from-literal=uri="amqp://guest:guest@$GATEWAY:5672/$vh" >/dev/null
   kubectl -n $ns create secret generic payments-postgres \
     --from-literal=DATABASE_URL="postgres://postgres@$GATEWAY:5432/$db?sslmode=disable" >/dev/null
   kubectl -n $ns create secret generic stripe-webhook --from-literal=signing-secrets="$SECRET" >/dev/null
   kubectl -n $ns create secret generic github-webhook --from-literal=secret=github-e2e-secret >/dev/null
-  kubectl create ns ingress-nginx --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-  values 5 | sed "s#/ie_k8s_s5?#/$db?#" >"$NODE_DIR/s5-$name-overlay.yaml"
+  # Namespaces the files name for other parts of a cluster: the ingress
+  # controller's (NetworkPolicy) and the monitoring stack's (the
+  # prometheus-adapter rules and the Grafana dashboard ConfigMaps).
+  for other in ingress-nginx monitoring; do
+    kubectl create ns $other --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  done
+  values 5 | sed -e "s#/ie_k8s_s5?#/$db?#" -e "s#5672/ie-k8s-s5\"#5672/$vh\"#" >"$NODE_DIR/s5-$name-overlay.yaml"
   cat >>"$NODE_DIR/s5-$name-overlay.yaml" <<YAML
 image: {repository: idempotent-events, tag: e2e-1, pullPolicy: IfNotPresent, digest: ""}
 YAML

@@ -7,6 +7,8 @@
 t=$SECONDS
 if answer=$(cd "$ROOT/hack/tools/kubernetes" && GOFLAGS=-mod=mod go list -m -versions github.com/tilt-dev/tilt 2>&1); then
   result 6 tilt "FAIL: the module proxy now serves Tilt ($answer): build it in tools.sh and run tilt ci here"
+elif code=$(grep -o ': [45][0-9][0-9] [A-Za-z ]*' <<<"$answer" | head -1 | sed 's/^: //; s/ *$//') && [[ -n $code ]]; then
+  result 6 tilt "not run: the module proxy refuses github.com/tilt-dev/tilt ($code), and no Tilt release archive is reachable"
 else
-  result 6 tilt "not run: the module proxy refuses github.com/tilt-dev/tilt ($(grep -o '[0-9]\{3\} [A-Za-z ]*' <<<"$answer" | head -1 | sed 's/ *$//')), and no Tilt release archive is reachable"
+  result 6 tilt "FAIL: could not ask the module proxy for Tilt: $answer"
 fi

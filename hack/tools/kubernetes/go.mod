@@ -4,11 +4,6 @@
 // k8s.io/kubernetes cannot be `go install`ed because its go.mod replaces the
 // k8s.io/* staging modules with local paths; this module points each of them
 // at the published v0.37.2 release instead.
-module that builds kube-apiserver v1.37.2 for the envtest check in
-// hack/deploytest. k8s.io/kubernetes cannot be `go install`ed because its
-// go.mod replaces the k8s.io/* staging modules with local paths; this module
-// points each of them at the published v0.37.2 release instead.
-// Build: hack/check-deploy.sh (go build -o bin/envtest/kube-apiserver ...).
 module github.com/idempotent-events/idempotent-events/hack/tools/kubernetes
 
 go 1.26.8
