@@ -21,13 +21,6 @@ import (
 // to docs/ and is linked from it.
 const readmeMaxLines = 300
 
-// pendingTargets are link targets written by work that lands separately.
-// While such a file is absent its links are not reported; once it exists
-// they are checked like any other. Remove an entry when its file is merged.
-var pendingTargets = map[string]string{
-	"docs/kubernetes-e2e.md": "the real-cluster Kubernetes test documents itself there",
-}
-
 // Every relative link in README.md and docs/ points at a file or directory
 // that exists, and a #fragment into a Markdown file names one of its headings.
 func TestREADMEAndDocsLinksResolve(t *testing.T) {
@@ -45,10 +38,6 @@ func TestREADMEAndDocsLinksResolve(t *testing.T) {
 			}
 			info, err := os.Stat(filepath.Join(root, filepath.FromSlash(target)))
 			if err != nil {
-				if why, ok := pendingTargets[target]; ok {
-					t.Logf("%s:%d: %s is not here yet (%s)", page, l.line, target, why)
-					continue
-				}
 				assert.Fail(t, "broken link", "%s:%d: %s: no file %s", page, l.line, l.target, target)
 				continue
 			}
