@@ -18,7 +18,7 @@ YAML
     { dump $ns; return 1; }
   local url; url=$(svc_url $ns "$rel-idempotent-events-receiver")
   k8sload -url "$url" -secret "$SECRET" -database "postgres://postgres@127.0.0.1:5432/ie_k8s_s4?sslmode=disable" \
-    -events "${S4_EVENTS:-3000}" -dups 1 -duration "${S4_DURATION:-75s}" -run s4 >"$NODE_DIR/s4-load.log" 2>&1 &
+    -events "${S4_EVENTS:-6000}" -dups 1 -duration "${S4_DURATION:-150s}" -run s4 >"$NODE_DIR/s4-load.log" 2>&1 &
   local load=$! started=$SECONDS
   sleep 10
   helm upgrade "$rel" "$CHART" -n $ns -f "$NODE_DIR/s4-values.yaml" --set image.tag=e2e-2 --wait --timeout 5m >/dev/null ||
@@ -29,7 +29,7 @@ YAML
   kubectl -n $ns rollout status deploy/$rel-idempotent-events-receiver --timeout=5m >/dev/null &&
     kubectl -n $ns rollout status deploy/$rel-idempotent-events-worker --timeout=5m >/dev/null || { dump $ns; kill $load; return 1; }
   # Every upgrade and restart must have happened while events were sent.
-  local into=$((SECONDS - started)) window=${S4_DURATION:-75s}
+  local into=$((SECONDS - started)) window=${S4_DURATION:-150s}
   ((into < ${window%s})) || { log "rollouts done ${into}s into a ${window} load: raise S4_DURATION"; wait $load; return 1; }
   local rc=0; wait $load || rc=$?
   S4_DETAIL=$(tail -1 "$NODE_DIR/s4-load.log")
