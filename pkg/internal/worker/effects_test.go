@@ -68,19 +68,14 @@ func TestHandlerResultsDecideTheFateOfTheirEventOnly(t *testing.T) {
 	assert.Equal(t, 1.0, w.count("idempotent_events_worker_retries_total", "tier", "400ms"), "RetryAfter(300ms) takes the first tier of at least 300ms")
 	assert.Equal(t, 1.0, w.count("idempotent_events_worker_retries_total", "tier", "200ms"), "a plain error takes the attempt's tier")
 
-	rows := func(q string, args ...any) int {
-		var n int
-		require.NoError(t, e.store.Pool().QueryRow(context.Background(), q, args...).Scan(&n))
-		return n
-	}
 	for _, id := range []string{"evt_ok", "evt_retry_after", "evt_flaky"} {
-		assert.Equal(t, 1, rows(`SELECT count(*) FROM orders WHERE event_id = $1`, id), id)
-		assert.Equal(t, 1, rows(`SELECT count(*) FROM processed_events WHERE event_id = $1 AND outcome = 'applied'`, id), id)
+		assert.Equal(t, 1, e.queryInt(`SELECT count(*) FROM orders WHERE event_id = $1`, id), id)
+		assert.Equal(t, 1, e.queryInt(`SELECT count(*) FROM processed_events WHERE event_id = $1 AND outcome = 'applied'`, id), id)
 	}
-	assert.Equal(t, 2, rows(`SELECT attempt FROM orders WHERE event_id = 'evt_flaky'`), "the first attempt's row was rolled back")
-	assert.Zero(t, rows(`SELECT count(*) FROM orders WHERE event_id = 'evt_perm'`))
-	assert.Zero(t, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_perm'`))
-	assert.Equal(t, 1, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_skip' AND outcome = 'skipped'`))
+	assert.Equal(t, 2, e.queryInt(`SELECT attempt FROM orders WHERE event_id = 'evt_flaky'`), "the first attempt's row was rolled back")
+	assert.Zero(t, e.queryInt(`SELECT count(*) FROM orders WHERE event_id = 'evt_perm'`))
+	assert.Zero(t, e.queryInt(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_perm'`))
+	assert.Equal(t, 1, e.queryInt(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_skip' AND outcome = 'skipped'`))
 	msgs := e.broker.Drain(broker.DLQ)
 	require.Len(t, msgs, 1)
 	assert.Equal(t, "evt_perm", msgs[0].MessageId)
@@ -112,15 +107,10 @@ func TestAHandlerThatEnqueuesThenFailsLeavesNeitherMessageNorLedgerRow(t *testin
 	})
 	eventually(t, func() bool { return w.outcomes("processed")+w.outcomes("dead_lettered") == 2 }, "both settled")
 	w.stop(t)
-	rows := func(q string) int {
-		var n int
-		require.NoError(t, e.store.Pool().QueryRow(context.Background(), q).Scan(&n))
-		return n
-	}
-	assert.Zero(t, rows(`SELECT count(*) FROM outbox WHERE event_id = 'evt_enq_fails'`))
-	assert.Zero(t, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_enq_fails'`))
-	assert.Equal(t, 1, rows(`SELECT count(*) FROM outbox WHERE idempotency_key = 'evt_enq_ok/receipt'`))
-	assert.Equal(t, 1, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_enq_ok'`))
+	assert.Zero(t, e.queryInt(`SELECT count(*) FROM outbox WHERE event_id = 'evt_enq_fails'`))
+	assert.Zero(t, e.queryInt(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_enq_fails'`))
+	assert.Equal(t, 1, e.queryInt(`SELECT count(*) FROM outbox WHERE idempotency_key = 'evt_enq_ok/receipt'`))
+	assert.Equal(t, 1, e.queryInt(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_enq_ok'`))
 }
 
 // The same with the outbox the worker binary gives handlers (outbox.Batch,
@@ -172,17 +162,12 @@ func TestABatchOutboxKeepsNoMessageOfAHandlerThatFailed(t *testing.T) {
 	assert.Equal(t, []string{"evt_batch_ok", "evt_batch_fails", "evt_batch_ok", "evt_batch_fails"}, handled,
 		"the batch, then each event on its own")
 	mu.Unlock()
-	rows := func(q string) int {
-		var n int
-		require.NoError(t, e.store.Pool().QueryRow(context.Background(), q).Scan(&n))
-		return n
-	}
-	assert.Zero(t, rows(`SELECT count(*) FROM outbox WHERE event_id = 'evt_batch_fails'`))
-	assert.Zero(t, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_batch_fails'`))
-	assert.Equal(t, 1, rows(`SELECT count(*) FROM outbox WHERE idempotency_key = 'evt_batch_ok/receipt'`))
-	assert.Equal(t, 1, rows(`SELECT seq FROM outbox WHERE idempotency_key = 'evt_batch_ok/receipt'`), "the failed message took no sequence number")
-	assert.Equal(t, 1, rows(`SELECT last_seq FROM outbox_sequences WHERE object_id = 'pi_shared'`))
-	assert.Equal(t, 1, rows(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_batch_ok'`))
+	assert.Zero(t, e.queryInt(`SELECT count(*) FROM outbox WHERE event_id = 'evt_batch_fails'`))
+	assert.Zero(t, e.queryInt(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_batch_fails'`))
+	assert.Equal(t, 1, e.queryInt(`SELECT count(*) FROM outbox WHERE idempotency_key = 'evt_batch_ok/receipt'`))
+	assert.Equal(t, 1, e.queryInt(`SELECT seq FROM outbox WHERE idempotency_key = 'evt_batch_ok/receipt'`), "the failed message took no sequence number")
+	assert.Equal(t, 1, e.queryInt(`SELECT last_seq FROM outbox_sequences WHERE object_id = 'pi_shared'`))
+	assert.Equal(t, 1, e.queryInt(`SELECT count(*) FROM processed_events WHERE event_id = 'evt_batch_ok'`))
 	msgs := e.broker.Drain(broker.DLQ)
 	require.Len(t, msgs, 1)
 	assert.Equal(t, "evt_batch_fails", msgs[0].MessageId)

@@ -192,6 +192,14 @@ func (e *env) rows(id string) (payments, ledger int) {
 	return payments, ledger
 }
 
+// queryInt runs a query of one integer column and one row.
+func (e *env) queryInt(q string, args ...any) int {
+	e.t.Helper()
+	var n int
+	require.NoError(e.t, e.store.Pool().QueryRow(context.Background(), q, args...).Scan(&n), q)
+	return n
+}
+
 // invariant is the design's query that must always return zero rows.
 func (e *env) invariant() {
 	var n int
