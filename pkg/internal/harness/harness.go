@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
@@ -443,12 +444,23 @@ type Ledger struct {
 // ReadLedger counts payments, processed_events and event ids that appear
 // more than once (the design's invariant query).
 func (s *Stack) ReadLedger(ctx context.Context) (Ledger, error) {
+	return ReadLedger(ctx, s.DB, "%")
+}
+
+// Querier is what ReadLedger needs of a pool or a connection.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ReadLedger is Stack.ReadLedger over the event ids LIKE pattern, on any
+// database (k8sload reads a release's ledger this way).
+func ReadLedger(ctx context.Context, db Querier, pattern string) (Ledger, error) {
 	var l Ledger
-	err := s.DB.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM payments),
-		(SELECT count(*) FROM processed_events),
-		(SELECT count(*) FROM (SELECT event_id FROM processed_events GROUP BY event_id HAVING COUNT(*) > 1) d)
-		+ (SELECT count(*) FROM (SELECT event_id FROM payments GROUP BY event_id HAVING COUNT(*) > 1) p)`).
+	err := db.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM payments WHERE event_id LIKE $1),
+		(SELECT count(*) FROM processed_events WHERE event_id LIKE $1),
+		(SELECT count(*) FROM (SELECT event_id FROM processed_events WHERE event_id LIKE $1 GROUP BY event_id HAVING COUNT(*) > 1) d)
+		+ (SELECT count(*) FROM (SELECT event_id FROM payments WHERE event_id LIKE $1 GROUP BY event_id HAVING COUNT(*) > 1) p)`, pattern).
 		Scan(&l.Payments, &l.Processed, &l.Doubled)
 	return l, err
 }

@@ -105,24 +105,19 @@ func main() {
 	}
 	defer db.Close(ctx)
 	prefix := fmt.Sprintf("evt_k8s_%s_%%", *runID)
-	var payments, processed, doubled int
+	var l harness.Ledger
 	deadline := time.Now().Add(*settle)
 	for {
-		err = db.QueryRow(ctx, `SELECT
-			(SELECT count(*) FROM payments WHERE event_id LIKE $1),
-			(SELECT count(*) FROM processed_events WHERE event_id LIKE $1),
-			(SELECT count(*) FROM (SELECT event_id FROM processed_events WHERE event_id LIKE $1 GROUP BY event_id HAVING count(*) > 1) d)
-			+ (SELECT count(*) FROM (SELECT event_id FROM payments WHERE event_id LIKE $1 GROUP BY event_id HAVING count(*) > 1) p)`, prefix).
-			Scan(&payments, &processed, &doubled)
-		if err != nil {
+		if l, err = harness.ReadLedger(ctx, db, prefix); err != nil {
 			fmt.Fprintln(os.Stderr, "k8sload:", err)
 			os.Exit(1)
 		}
-		if (payments >= len(ids) && processed >= len(ids)) || time.Now().After(deadline) {
+		if (l.Payments >= len(ids) && l.Processed >= len(ids)) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+	payments, processed, doubled := l.Payments, l.Processed, l.Doubled
 	lost := len(ids) - payments
 	fmt.Printf("k8sload: %d events, %d deliveries in %s (%d answered non-2xx, %d transport errors, all retried), ledger %d payments %d processed: lost %d, doubled %d, never accepted %d\n",
 		len(ids), deliveries.Load(), sendTime.Round(time.Second), refused.Load(), failedTransport.Load(),
