@@ -69,6 +69,9 @@ webhook: {secrets: $SECRET}
 YAML
 }
 
+# keda_dir: KEDA's module source (its manifests and CRDs), as pinned by hack/tools/keda.
+keda_dir() { (cd "$ROOT/hack/tools/keda" && go list -m -f '{{.Dir}}' github.com/kedacore/keda/v2); }
+
 svc_url() { echo "http://$(kubectl -n "$1" get svc "$2" -o jsonpath='{.spec.clusterIP}'):$(kubectl -n "$1" get svc "$2" -o jsonpath='{.spec.ports[0].port}')"; }
 
 # ready NS: every pod of NS Ready (Jobs' pods: Succeeded).

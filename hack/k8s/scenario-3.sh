@@ -7,7 +7,7 @@
 # workers cannot commit while signed events arrive; the lock is released
 # once KEDA has scaled up. k8sload then checks the ledger (0 lost, 0 doubled).
 keda_up() {
-  local keda; keda=$(cd "$ROOT/hack/tools/keda" && go list -m -f '{{.Dir}}' github.com/kedacore/keda/v2)
+  local keda; keda=$(keda_dir)
   # KEDA's manifests as released, with the images built here (no pull).
   kubectl kustomize "$keda/config/default" | sed 's/imagePullPolicy: Always/imagePullPolicy: IfNotPresent/' |
     kubectl apply --server-side --force-conflicts -f - >/dev/null
@@ -17,7 +17,7 @@ keda_up() {
 }
 
 keda_down() {
-  local keda; keda=$(cd "$ROOT/hack/tools/keda" && go list -m -f '{{.Dir}}' github.com/kedacore/keda/v2)
+  local keda; keda=$(keda_dir)
   kubectl kustomize "$keda/config/default" | kubectl delete --ignore-not-found --wait=false -f - >/dev/null 2>&1 || true
 }
 

@@ -9,7 +9,7 @@
 crds() {
   local po keda
   po=$(cd "$ROOT/hack/tools/keda" && go mod download -json github.com/prometheus-operator/prometheus-operator@v0.85.0 | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-  keda=$(cd "$ROOT/hack/tools/keda" && go list -m -f '{{.Dir}}' github.com/kedacore/keda/v2)
+  keda=$(keda_dir)
   kubectl apply --server-side -f "$po/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml" \
     -f "$po/example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml" \
     -f "$keda/config/crd/bases/keda.sh_scaledobjects.yaml" -f "$keda/config/crd/bases/keda.sh_triggerauthentications.yaml" >/dev/null
