@@ -25,6 +25,8 @@ var layers = map[string]int{
 	"pkg/internal/broker": 2, "pkg/internal/queuestats": 2,
 	// The pipeline and the DLQ engine.
 	"pkg/internal/receiver": 3, "pkg/internal/worker": 3, "pkg/internal/dlq": 3, "pkg/internal/outbox": 3,
+	// The reconciler: the provider's record of events against the ledger.
+	"pkg/internal/reconcile": 3,
 	// What operators use.
 	"pkg/internal/admin": 4, "pkg/internal/eventsctl": 4,
 	// The consumer kit of downstream services (public).

@@ -19,6 +19,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/httpserver"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/queuestats"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/reconcile"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
@@ -102,6 +103,9 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 	}
 	relay, err := newRelay(cfg, st.Pool(), log.Named("outbox"), reg)
 	if err != nil {
+		return err
+	}
+	if err := reg.Register(reconcile.NewCollector(st.Pool(), log.Named("reconcile"))); err != nil {
 		return err
 	}
 

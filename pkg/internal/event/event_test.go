@@ -86,3 +86,12 @@ func TestDecodeNamesTheBadField(t *testing.T) {
 		})
 	}
 }
+
+func TestSameContentAcceptsAnyDigest(t *testing.T) {
+	a, b := strings.Repeat("a", event.DigestHexLen), strings.Repeat("b", event.DigestHexLen)
+	assert.True(t, event.SameContent(a, a))
+	assert.False(t, event.SameContent(a, b))
+	assert.True(t, event.SameContent(a, event.AnyDigestHex))
+	assert.True(t, event.SameContent(event.AnyDigestHex, b))
+	assert.Len(t, event.AnyDigestHex, event.DigestHexLen)
+}

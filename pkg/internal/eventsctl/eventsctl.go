@@ -34,6 +34,7 @@ usage:
   eventsctl status [flags] queue depths and lag, DLQ size, ledger and duplicate rate
   eventsctl dlq <command>  list, show, replay or discard messages in events.dlq (eventsctl dlq -h)
   eventsctl outbox <command>  list, show or retry parked outbox messages (eventsctl outbox -h)
+  eventsctl reconcile [flags] feed the events Stripe has and the ledger lacks into the pipeline
 
 Run "eventsctl <command> -h" for the flags of a command.
 `
@@ -58,6 +59,8 @@ func Main(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, 
 		return dlqCmd(ctx, args[1:], env, stdout, stderr)
 	case "outbox":
 		return outboxCmd(ctx, args[1:], env, stdout, stderr)
+	case "reconcile":
+		return reconcileCmd(ctx, args[1:], env, stdout, stderr)
 	case "--version", "version":
 		fmt.Fprintln(stdout, "eventsctl", telemetry.Version)
 		return 0

@@ -238,7 +238,7 @@ func (h *Handler) webhook(w http.ResponseWriter, r *http.Request, src Source) {
 	if h.opts.Duplicates != nil {
 		switch stored := h.committedDigest(r.Context(), key); {
 		case stored == "":
-		case stored == digest:
+		case event.SameContent(stored, digest):
 			h.respond(w, src, http.StatusOK, answer{Status: "duplicate", EventID: providerID})
 			return
 		default:

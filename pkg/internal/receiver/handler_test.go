@@ -393,6 +393,27 @@ func TestCommittedEventIsAnsweredDuplicateWithoutPublishing(t *testing.T) {
 	assert.Equal(t, changed, queued[1].Body)
 }
 
+// An event the reconciler fed in from Stripe's API is committed with
+// event.AnyDigest: its webhook, whatever its bytes, is a duplicate.
+func TestAWebhookOfAReconciledEventIsAnsweredDuplicate(t *testing.T) {
+	t.Parallel()
+	f := start(t, setup{dupCheck: true})
+	body := sample(t, "evt_reconciled")
+	ev, err := event.Decode(body)
+	require.NoError(t, err)
+	_, err = f.store.Commit(context.Background(), []store.Record{{Event: ev, Source: "stripe", PayloadSHA256: event.AnyDigest[:]}}, nil)
+	require.NoError(t, err)
+
+	changed := bytes.Replace(body, []byte(`"amount":1999`), []byte(`"amount":5`), 1)
+	require.NotEqual(t, body, changed)
+	for _, b := range [][]byte{body, changed} {
+		r := f.post(t, b, signed(b))
+		assert.Equal(t, http.StatusOK, r.code)
+		assert.Equal(t, "duplicate", r.body["status"])
+	}
+	assert.Equal(t, 0, f.broker.Depth(broker.MainQueue))
+}
+
 func TestInsecureModeAcceptsUnsignedRequests(t *testing.T) {
 	t.Parallel()
 	f := start(t, setup{insecure: true})

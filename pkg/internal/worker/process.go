@@ -110,6 +110,11 @@ func (w *Worker) decode(m *message) bool {
 		m.res = decide(err, m.attempt, w.policy())
 		return false
 	}
+	if originOf(h) == effects.OriginReconcile {
+		// Fetched from the provider's API, not signed: its bytes may differ
+		// from a webhook's of the same event (event.AnyDigest).
+		ev.Digest = event.AnyDigest
+	}
 	m.ev, m.decoded = ev, true
 	m.key, m.digest = ev.ID, ev.DigestHex()
 	return true
@@ -171,7 +176,7 @@ func (w *Worker) processRound(ctx context.Context, msgs []*message) error {
 				w.m.redisLookups.WithLabelValues("hit").Inc()
 			}
 		}
-		if hit != "" && hit == m.digest {
+		if hit != "" && event.SameContent(hit, m.digest) {
 			m.res = Result{Outcome: Duplicate, Layer: dedupe.LayerRedis}
 			continue
 		}
@@ -181,7 +186,7 @@ func (w *Worker) processRound(ctx context.Context, msgs []*message) error {
 		switch {
 		case hit == "":
 			todo = append(todo, m)
-		case hit == m.digest:
+		case event.SameContent(hit, m.digest):
 			// The header's digest was not the body's; the body's is.
 			m.res = Result{Outcome: Duplicate, Layer: dedupe.LayerRedis}
 		default:
@@ -326,7 +331,7 @@ func (w *Worker) checkDuplicates(ctx context.Context, dups []*message) error {
 	var conflicts []*message
 	for i, m := range dups {
 		// "" means the row is gone again (pruned): it existed at COMMIT.
-		if stored[i] == m.digest || stored[i] == "" {
+		if stored[i] == "" || event.SameContent(stored[i], m.digest) {
 			m.res = Result{Outcome: Duplicate, Layer: dedupe.LayerPostgres}
 			continue
 		}
