@@ -55,6 +55,11 @@ func decode(i int, ev effects.Event) (row paymentRow, ok bool, obs []observation
 	if err := json.Unmarshal(ev.Raw, &w); err != nil {
 		return paymentRow{}, false, nil, effects.Permanent(fmt.Errorf("decode payment of %s: %w", ev.Key, err))
 	}
+	if ev.Type == RefreshType {
+		// The object as the provider has it now, not a payment event: no
+		// payments row.
+		return paymentRow{}, false, observe(i, ev, &w), nil
+	}
 	row, ok = paymentOf(ev, &w)
 	return row, ok, observe(i, ev, &w), nil
 }

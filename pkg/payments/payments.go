@@ -40,6 +40,15 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
 )
 
+// RefreshType is the type of the event the reconciler makes of an object
+// marked needs_refresh, after fetching it from Stripe: data.object is the
+// object as Stripe returned it, created the time it was fetched. Its state
+// is applied as the object's latest (unless an event created after the
+// fetch is already applied), the mark is cleared, and a changed state runs
+// the transition handlers as any other change does. It writes no payments
+// row, and handlers registered for Stripe's own event types never see it.
+const RefreshType = "idempotent_events.object_refreshed"
+
 // Effects returns a Registry with the built-in payment effect registered,
 // for every source and event type; a worker binary adds its own handlers
 // to it.

@@ -30,6 +30,9 @@ type observation struct {
 	// succeeded charge means a succeeded PaymentIntent); it is not the
 	// event's own record.
 	implied bool
+	// refresh: the object as the provider returned it when fetched
+	// (RefreshType); it is the truth as of its time.
+	refresh bool
 
 	amount, amountReceived, amountCaptured, amountRefunded int64
 	currency, paymentIntent                                string
@@ -45,7 +48,7 @@ func observe(i int, ev effects.Event, w *wireEvent) []observation {
 		o == nil || o.Status == nil || *o.Status == "" {
 		return nil
 	}
-	obs := observation{ev: i, kind: o.Object, id: o.ID, status: *o.Status, at: ev.Created,
+	obs := observation{ev: i, kind: o.Object, id: o.ID, status: *o.Status, at: ev.Created, refresh: ev.Type == RefreshType,
 		amountReceived: o.AmountReceived, amountCaptured: o.AmountCaptured, amountRefunded: o.AmountRefunded, livemode: w.Livemode}
 	if o.Amount != nil {
 		obs.amount = *o.Amount
@@ -164,10 +167,21 @@ func (h *handler) keep(ctx context.Context, evs []effects.Event, obs []observati
 		}
 		from := s.status
 		outcome := graphOf(o.kind).guard(s.known, s.status, s.at, o.status, o.at)
+		if o.refresh {
+			// The provider's own current state needs no graph to be
+			// believed; only a state newer than the fetch supersedes it.
+			outcome = Applied
+			if s.known && o.at.Before(s.at) {
+				outcome = Superseded
+			}
+		}
 		s.snapshot(o)
 		switch outcome {
 		case Applied:
 			s.known, s.status, s.eventKey, s.at = true, o.status, evs[o.ev].Key, o.at
+			if o.refresh {
+				s.needsRefresh = false
+			}
 			s.amount = o.amount // not cumulative: the current state's
 			if from != o.status {
 				transitions = append(transitions, effects.Transition{Object: effects.Object{Type: o.kind, ID: o.id},

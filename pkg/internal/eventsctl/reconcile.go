@@ -154,4 +154,7 @@ func printReconcileReport(w io.Writer, r reconcile.Report, done bool) {
 		return
 	}
 	fmt.Fprintf(w, "  injected %d, arrived by webhook meanwhile %d, refused by the decoder %d\n", r.Injected, r.Arrived, r.Invalid)
+	if r.Refreshed+r.RefreshFailed > 0 {
+		fmt.Fprintf(w, "  objects marked needs_refresh: %d fetched and fed in, %d could not be fetched\n", r.Refreshed, r.RefreshFailed)
+	}
 }

@@ -29,6 +29,8 @@ type fakeStripe struct {
 	requests      []string    // raw query strings
 	throttleEvery int
 	throttled     int
+	// objects are served on /v1/payment_intents/{id} and /v1/charges/{id}.
+	objects map[string][]byte
 }
 
 type fakeEvent struct {
@@ -59,6 +61,13 @@ func (f *fakeStripe) add(id string, created time.Time, delivered bool) []byte {
 	return body
 }
 
+// set changes the fake's behaviour under its lock.
+func (f *fakeStripe) set(change func(f *fakeStripe)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	change(f)
+}
+
 func (f *fakeStripe) calls() (requests, throttled int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -68,13 +77,19 @@ func (f *fakeStripe) calls() (requests, throttled int) {
 func (f *fakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if r.Method != http.MethodGet || r.URL.Path != "/v1/events" {
-		http.Error(w, `{"error":{"message":"unexpected request"}}`, http.StatusNotFound)
-		return
-	}
 	if r.Header.Get("Authorization") != "Bearer rk_test_reconcile" {
 		w.WriteHeader(http.StatusUnauthorized)
 		_, _ = w.Write([]byte(`{"error":{"type":"invalid_request_error","message":"Invalid API Key provided"}}`))
+		return
+	}
+	if body, ok := f.objects[r.URL.Path]; ok && r.Method == http.MethodGet {
+		f.requests = append(f.requests, r.URL.Path)
+		_, _ = w.Write(body)
+		return
+	}
+	if r.Method != http.MethodGet || r.URL.Path != "/v1/events" {
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"error":{"type":"invalid_request_error","message":"No such object"}}`))
 		return
 	}
 	f.requests = append(f.requests, r.URL.RawQuery)

@@ -35,6 +35,7 @@ package reconcile
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -48,6 +49,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/event"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/options"
+	"github.com/idempotent-events/idempotent-events/pkg/payments"
 )
 
 // PageSize is the events per listing page: Stripe's largest.
@@ -95,6 +97,13 @@ type Page struct {
 // EventLog is a provider's record of events; *StripeLog is Stripe's.
 type EventLog interface {
 	Page(ctx context.Context, q PageQuery) (Page, error)
+}
+
+// ObjectFetcher fetches an object's current JSON from the provider; an
+// EventLog that is one also refreshes the objects the payment effect
+// marked needs_refresh.
+type ObjectFetcher interface {
+	Object(ctx context.Context, kind, id string) ([]byte, error)
 }
 
 // Publisher confirms a publish before it returns nil.
@@ -159,6 +168,11 @@ type Report struct {
 	Injected int `json:"injected"`
 	Arrived  int `json:"arrived"`
 	Invalid  int `json:"invalid"`
+	// Refreshed are the objects marked needs_refresh that were fetched and
+	// fed in as payments.RefreshType events; RefreshFailed could not be
+	// fetched (a key without read access to PaymentIntents and Charges).
+	Refreshed     int `json:"refreshed"`
+	RefreshFailed int `json:"refresh_failed"`
 	// MissingIDs are the missing events' ids (dry runs only).
 	MissingIDs []string `json:"missing_ids,omitempty"`
 }
@@ -212,6 +226,11 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	}
 	if err := r.inject(ctx); err != nil {
 		return r.rep, err
+	}
+	if f, ok := o.Log.(ObjectFetcher); ok {
+		if err := r.refresh(ctx, f); err != nil {
+			return r.rep, err
+		}
 	}
 	return r.rep, nil
 }
@@ -477,6 +496,78 @@ func (r *run) message(e ProviderEvent) (amqp.Publishing, error) {
 			broker.HeaderOrigin:     string(effects.OriginReconcile),
 		},
 	}, nil
+}
+
+// refreshLimit bounds the objects one run refreshes; the rest wait for the
+// next run.
+const refreshLimit = 1000
+
+// refresh fetches the objects marked needs_refresh and publishes each as a
+// payments.RefreshType event: the worker applies it as the object's latest
+// state in the usual transaction, so transition handlers run as for any
+// change. It is not checkpointed: a refresh published twice applies the
+// same state twice, which changes nothing the second time.
+func (r *run) refresh(ctx context.Context, f ObjectFetcher) error {
+	rows, err := r.o.DB.Query(ctx, `SELECT 'payment_intent', id FROM payment_intents WHERE needs_refresh
+		UNION ALL SELECT 'charge', id FROM charges WHERE needs_refresh LIMIT $1`, refreshLimit)
+	if err != nil {
+		return fmt.Errorf("reconcile: find objects to refresh: %w", err)
+	}
+	type object struct{ kind, id string }
+	var objs []object
+	var o object
+	if _, err := pgx.ForEachRow(rows, []any{&o.kind, &o.id}, func() error { objs = append(objs, o); return nil }); err != nil {
+		return fmt.Errorf("reconcile: find objects to refresh: %w", err)
+	}
+	for _, o := range objs {
+		at := r.o.Now().UTC()
+		body, err := f.Object(ctx, o.kind, o.id)
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			r.rep.RefreshFailed++
+			r.o.Logger.Warn("object marked needs_refresh not fetched", zap.String("object", o.kind+" "+o.id), zap.Error(err))
+			continue
+		}
+		msg, err := r.refreshMessage(o.kind, o.id, at, body)
+		if err != nil {
+			r.rep.RefreshFailed++
+			r.o.Logger.Warn("fetched object not usable", zap.String("object", o.kind+" "+o.id), zap.Error(err))
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, r.o.PublishTimeout)
+		err = r.o.Publisher.Publish(pctx, broker.Exchange, broker.RoutingKey, msg)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("reconcile: publish the refresh of %s %s: %w", o.kind, o.id, err)
+		}
+		r.rep.Refreshed++
+	}
+	return nil
+}
+
+// refreshMessage wraps a fetched object in an event of type
+// payments.RefreshType, created at the time of the fetch.
+func (r *run) refreshMessage(kind, id string, at time.Time, object []byte) (amqp.Publishing, error) {
+	var head struct {
+		Object string `json:"object"`
+		ID     string `json:"id"`
+	}
+	if err := json.Unmarshal(object, &head); err != nil {
+		return amqp.Publishing{}, err
+	}
+	if head.Object != kind || head.ID != id {
+		return amqp.Publishing{}, fmt.Errorf("asked for %s %s, got %s %s", kind, id, head.Object, head.ID)
+	}
+	body, err := json.Marshal(map[string]any{
+		"id": fmt.Sprintf("refresh_%s_%d", id, at.UnixNano()), "object": "event", "type": payments.RefreshType,
+		"created": at.Unix(), "data": map[string]json.RawMessage{"object": object},
+	})
+	if err != nil {
+		return amqp.Publishing{}, err
+	}
+	return r.message(ProviderEvent{ID: fmt.Sprintf("refresh_%s_%d", id, at.UnixNano()), Type: payments.RefreshType, Created: at, Raw: body})
 }
 
 func (r *run) after() error {

@@ -149,7 +149,7 @@ func TestEveryMissingEventIsInjectedOnceAndPresentOnesAreUntouched(t *testing.T)
 	t.Parallel()
 	w := newWorld(t, 1000, 0.7)
 	require.NotEmpty(t, w.missing)
-	w.stripe.throttleEvery = 4
+	w.stripe.set(func(f *fakeStripe) { f.throttleEvery = 4 })
 	before := map[string]time.Time{}
 	for _, id := range w.present {
 		_, at := w.ledgerRow(id)
@@ -366,4 +366,64 @@ func TestBadOptionsNameTheField(t *testing.T) {
 	for _, want := range []string{"Log", "DB", "Publisher", "Since"} {
 		assert.ErrorContains(t, err, want)
 	}
+}
+
+// An object the payment effect marked needs_refresh (two events of the same
+// second whose states cannot be ordered) is fetched by the next run and
+// its state applied as the latest; the mark is cleared, no payments row is
+// written for it, and an object that cannot be fetched is counted, not
+// fatal.
+func TestObjectsMarkedNeedsRefreshAreFetchedAndApplied(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 10, 1)
+	ctx := context.Background()
+	second := time.Now().Add(-time.Hour).Unix()
+	intent := func(id, status string) map[string]any {
+		return map[string]any{"id": id, "object": "payment_intent", "amount": 4200, "currency": "usd", "status": status, "amount_received": 0}
+	}
+	for _, pi := range []string{"pi_refresh_one", "pi_refresh_gone"} {
+		for i, status := range []string{"processing", "requires_payment_method"} {
+			id := fmt.Sprintf("evt_%s_%d", pi, i)
+			body, err := json.Marshal(map[string]any{"id": id, "object": "event", "type": "payment_intent." + status, "created": second,
+				"data": map[string]any{"object": intent(pi, status)}})
+			require.NoError(t, err)
+			w.p.Publish(id, "payment_intent."+status, body)
+			w.present = append(w.present, id)
+		}
+	}
+	w.p.Eventually(func() bool {
+		var n int
+		require.NoError(t, w.p.DB.QueryRow(ctx, `SELECT count(*) FROM payment_intents WHERE needs_refresh`).Scan(&n))
+		return n == 2
+	}, "both PaymentIntents are marked needs_refresh")
+	fetched, err := json.Marshal(intent("pi_refresh_one", "requires_payment_method"))
+	require.NoError(t, err)
+	w.stripe.set(func(f *fakeStripe) { f.objects = map[string][]byte{"/v1/payment_intents/pi_refresh_one": fetched} })
+	paymentsBefore := w.paymentRows()
+
+	rep, err := reconcile.Run(ctx, w.options())
+	require.NoError(t, err)
+	assert.Equal(t, 1, rep.Refreshed)
+	assert.Equal(t, 1, rep.RefreshFailed, "pi_refresh_gone is not served")
+	w.p.Eventually(func() bool {
+		var status string
+		var refresh bool
+		require.NoError(t, w.p.DB.QueryRow(ctx, `SELECT status, needs_refresh FROM payment_intents WHERE id = 'pi_refresh_one'`).Scan(&status, &refresh))
+		return status == "requires_payment_method" && !refresh
+	}, "the fetched state is applied and the mark cleared")
+	var outcome string
+	require.NoError(t, w.p.DB.QueryRow(ctx, `SELECT outcome FROM payment_events WHERE object_id = 'pi_refresh_one' AND event_type = $1`,
+		"idempotent_events.object_refreshed").Scan(&outcome))
+	assert.Equal(t, "applied", outcome)
+	assert.Equal(t, paymentsBefore, w.paymentRows(), "a refresh writes no payments row")
+	var stillMarked bool
+	require.NoError(t, w.p.DB.QueryRow(ctx, `SELECT needs_refresh FROM payment_intents WHERE id = 'pi_refresh_gone'`).Scan(&stillMarked))
+	assert.True(t, stillMarked, "what could not be fetched stays marked for the next run")
+}
+
+func (w *world) paymentRows() int {
+	w.t.Helper()
+	var n int
+	require.NoError(w.t, w.p.DB.QueryRow(context.Background(), `SELECT count(*) FROM payments`).Scan(&n))
+	return n
 }

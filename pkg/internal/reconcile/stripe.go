@@ -129,22 +129,43 @@ func (s *StripeLog) Page(ctx context.Context, q PageQuery) (Page, error) {
 	params.Context = ctx
 	values := &form.Values{}
 	form.AppendTo(values, params)
-	body := []byte(values.Encode())
+	var raw eventPage
+	if err := s.call(ctx, "/v1/events", []byte(values.Encode()), params.GetParams(), &raw); err != nil {
+		return Page{}, fmt.Errorf("list stripe events: %w", err)
+	}
+	return decodePage(raw)
+}
 
+// objectPaths are the API paths of the objects whose state the payment
+// effect keeps.
+var objectPaths = map[string]string{"payment_intent": "/v1/payment_intents/%s", "charge": "/v1/charges/%s"}
+
+// Object fetches an object's current JSON: a PaymentIntent or a Charge.
+func (s *StripeLog) Object(ctx context.Context, kind, id string) ([]byte, error) {
+	path, ok := objectPaths[kind]
+	if !ok {
+		return nil, fmt.Errorf("fetch stripe %s %s: not a kind the payment effect keeps", kind, id)
+	}
+	var raw stripe.APIResource
+	if err := s.call(ctx, stripe.FormatURLPath(path, id), nil, &stripe.Params{Context: ctx}, &raw); err != nil {
+		return nil, fmt.Errorf("fetch stripe %s %s: %w", kind, id, err)
+	}
+	return raw.LastResponse.RawJSON, nil
+}
+
+// call makes one GET, retrying 429 answers, 5xx and network errors with
+// backoff for at most MaxWait.
+func (s *StripeLog) call(ctx context.Context, path string, query []byte, params *stripe.Params, v stripe.LastResponseSetter) error {
 	deadline := time.Now().Add(s.maxWait)
 	delay := s.firstDelay
 	for {
 		if err := s.limit.Wait(ctx); err != nil {
-			return Page{}, err
+			return err
 		}
 		s.Calls++
-		var raw eventPage
-		err := s.backend.CallRaw(http.MethodGet, "/v1/events", s.key, body, params.GetParams(), &raw)
-		if err == nil {
-			return decodePage(raw)
-		}
-		if !retryable(err) {
-			return Page{}, fmt.Errorf("list stripe events: %w", err)
+		err := s.backend.CallRaw(http.MethodGet, path, s.key, query, params, v)
+		if err == nil || !retryable(err) {
+			return err
 		}
 		var se *stripe.Error
 		if errors.As(err, &se) && se.HTTPStatusCode == http.StatusTooManyRequests {
@@ -152,10 +173,10 @@ func (s *StripeLog) Page(ctx context.Context, q PageQuery) (Page, error) {
 		}
 		wait := backoff.Jitter(delay)
 		if time.Now().Add(wait).After(deadline) {
-			return Page{}, fmt.Errorf("list stripe events: still failing after %s: %w", s.maxWait, err)
+			return fmt.Errorf("still failing after %s: %w", s.maxWait, err)
 		}
 		if !backoff.Sleep(ctx, wait) {
-			return Page{}, ctx.Err()
+			return ctx.Err()
 		}
 		delay = min(2*delay, 30*time.Second)
 	}
