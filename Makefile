@@ -35,12 +35,16 @@ browser: ## Install Debian's headless Chromium for the DLQ page's browser test (
 lint: ## gofmt and golangci-lint (.golangci.yaml; pinned, built into bin/ on first use)
 	hack/lint.sh
 
+.PHONY: stripe-mock
+stripe-mock: ## Build Stripe's stripe-mock into bin/ (pinned; the reconciler's contract test lists events against it)
+	hack/stripe-mock.sh
+
 .PHONY: check
-check: services lint ## The edit loop: lint, then the Go tests without the slow suites (-short: no binaries built, no browser; Go's test cache reuses the results of unchanged packages)
+check: services lint stripe-mock ## The edit loop: lint, then the Go tests without the slow suites (-short: no binaries built, no browser; Go's test cache reuses the results of unchanged packages)
 	$(GO) test -short ./...
 
 .PHONY: test-go
-test-go: ## Go tests (unit + integration against 127.0.0.1 services), race detector on
+test-go: stripe-mock ## Go tests (unit + integration against 127.0.0.1 services), race detector on
 	$(GO) test -race -count=1 -timeout 30m ./...
 
 .PHONY: fuzz-short
