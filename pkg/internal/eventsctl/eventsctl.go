@@ -34,7 +34,8 @@ usage:
   eventsctl status [flags] queue depths and lag, DLQ size, ledger and duplicate rate
   eventsctl dlq <command>  list, show, replay or discard messages in events.dlq (eventsctl dlq -h)
   eventsctl outbox <command>  list, show or retry parked outbox messages (eventsctl outbox -h)
-  eventsctl reconcile [flags] feed the events Stripe has and the ledger lacks into the pipeline
+  eventsctl reconcile [flags] feed the events Stripe has and the ledger lacks into the pipeline,
+                              or have GitHub redeliver a hook's failed deliveries
 
 Run "eventsctl <command> -h" for the flags of a command.
 `
