@@ -54,6 +54,12 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 		return err
 	}
 	defer st.Close()
+	dur := newDurability(cfg, st, log.Named("durability"), reg)
+	if err := dur.start(ctx); err != nil {
+		return err
+	}
+	ctx, refuse := context.WithCancelCause(ctx)
+	defer refuse(nil)
 	cache, err := dedupe.Open(cfg.RedisURL, cfg.RedisKeyPrefix, cfg.DedupeTTL)
 	if err != nil {
 		return err
@@ -118,6 +124,7 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 	if relay != nil {
 		wg.Go(func() { relayErr = relay.Run(ctx) })
 	}
+	wg.Go(func() { dur.run(ctx, refuse) })
 	wg.Go(func() { metricsErr = metrics.Run(ctx) })
 	if adm != nil {
 		wg.Go(func() { adminErr = adm.Run(ctx) })
@@ -126,6 +133,10 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 	log.Info("worker starting", zap.String("metrics_addr", metrics.Addr().String()))
 	err = w.Run(ctx)
 	wg.Wait()
+	var refused *config.Error
+	if cause := context.Cause(ctx); errors.As(cause, &refused) {
+		err = errors.Join(err, cause)
+	}
 	return errors.Join(err, metricsErr, adminErr, relayErr)
 }
 

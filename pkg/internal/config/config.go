@@ -147,6 +147,11 @@ type Worker struct {
 	// events.main); "retry" sends them through the retry tiers.
 	OutageMode string `envconfig:"WORKER_OUTAGE_MODE" default:"pause"`
 
+	// DurabilityAllowAsync lets the worker start on a primary whose
+	// standbys are all asynchronous: a failover may then lose committed,
+	// acked events (docs/operations.md#replicated-postgres).
+	DurabilityAllowAsync bool `envconfig:"DURABILITY_ALLOW_ASYNC" default:"false"`
+
 	DBMaxConns     int32         `envconfig:"DB_MAX_CONNS" default:"10"`
 	ProcessTimeout time.Duration `envconfig:"PROCESS_TIMEOUT" default:"15s"`
 	// PublishTimeout bounds a retry or DLQ publish waiting for its confirm.

@@ -20,6 +20,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,7 +46,20 @@ type Record struct {
 // Store is a Postgres connection pool with the queries of the pipeline.
 type Store struct {
 	pool *pgxpool.Pool
+	// coverDuplicates: a batch whose events were all duplicates still
+	// commits a write, so that its COMMIT waits for the synchronous
+	// standby (SetSynchronous).
+	coverDuplicates atomic.Bool
+	// repWaitCancelled holds the connections on which Postgres warned that
+	// a COMMIT stopped waiting for the synchronous standby.
+	repWaitCancelled sync.Map
 }
+
+// CommitTimeout bounds how long a COMMIT may wait, a synchronous
+// standby's confirmation included. COMMIT does not stop with the caller's
+// context: a cancelled wait for synchronous replication leaves the
+// transaction committed on the primary only, and reports success.
+const CommitTimeout = time.Minute
 
 // Open connects a pool to databaseURL. maxConns of 0 keeps pgx's default.
 func Open(ctx context.Context, databaseURL string, maxConns int32) (*Store, error) {
@@ -58,12 +73,83 @@ func Open(ctx context.Context, databaseURL string, maxConns int32) (*Store, erro
 	// A connection that sat idle through a network cut is found dead on first
 	// use; checking on acquire turns that into a fresh connection instead.
 	cfg.HealthCheckPeriod = 5 * time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
+	s := &Store{}
+	cfg.ConnConfig.OnNotice = func(c *pgconn.PgConn, n *pgconn.Notice) {
+		// "canceling wait for synchronous replication ... The transaction
+		// has already committed locally, but might not have been
+		// replicated to the standby."
+		if strings.HasPrefix(n.Message, "canceling wait for synchronous replication") {
+			s.repWaitCancelled.Store(c, true)
+		}
+	}
+	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("create pool: %w", err)
 	}
-	return &Store{pool: pool}, nil
+	return s, nil
 }
+
+// SetSynchronous says whether the database has a synchronous standby (see
+// Durability). With one, a batch of duplicates commits a transaction id
+// (pg_current_xact_id: a commit record, no row), so its COMMIT returns only
+// once the standby has the WAL up to there, which holds the original
+// COMMIT of every one of them. Without it, a duplicate could be acked on
+// the strength of a row the primary committed but never replicated: a
+// failover then loses the event.
+func (s *Store) SetSynchronous(on bool) { s.coverDuplicates.Store(on) }
+
+// Durability is what a database says of its replication.
+type Durability struct {
+	// Standbys are the standbys streaming from it (pg_stat_replication).
+	Standbys int
+	// SynchronousStandbyNames and SynchronousCommit are the settings.
+	SynchronousStandbyNames, SynchronousCommit string
+	// InRecovery: it is a standby itself.
+	InRecovery bool
+}
+
+// Durability modes.
+const (
+	// DurabilitySingle: no standby; a COMMIT is durable once flushed here.
+	DurabilitySingle = "single"
+	// DurabilitySync: COMMIT waits for a synchronous standby.
+	DurabilitySync = "sync"
+	// DurabilityAsync: standbys that COMMIT does not wait for; a failover
+	// may lose committed transactions.
+	DurabilityAsync = "async"
+	// DurabilityStandby: the database is a standby (read-only).
+	DurabilityStandby = "standby"
+)
+
+// Mode classifies d.
+func (d Durability) Mode() string {
+	switch {
+	case d.InRecovery:
+		return DurabilityStandby
+	case d.SynchronousStandbyNames != "" && d.SynchronousCommit != "off" && d.SynchronousCommit != "local":
+		return DurabilitySync
+	case d.Standbys == 0:
+		return DurabilitySingle
+	}
+	return DurabilityAsync
+}
+
+// ReadDurability reads the database's replication settings.
+func (s *Store) ReadDurability(ctx context.Context) (Durability, error) {
+	var d Durability
+	err := s.pool.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit'),
+		pg_is_in_recovery(), (SELECT count(*) FROM pg_stat_replication)`).Scan(
+		&d.SynchronousStandbyNames, &d.SynchronousCommit, &d.InRecovery, &d.Standbys)
+	if err != nil {
+		return Durability{}, fmt.Errorf("read the replication settings: %w", err)
+	}
+	return d, nil
+}
+
+// ErrCommitUnknown means COMMIT's outcome is not known: it failed, timed
+// out, or Postgres stopped waiting for the synchronous standby. The
+// transaction may be committed on the primary only. Nothing may be acked
+// on its strength, and Redis must not learn of it: the redelivery decides.
+var ErrCommitUnknown = errors.New("commit outcome unknown")
 
 // Close closes every connection.
 func (s *Store) Close() { s.pool.Close() }
@@ -171,6 +257,11 @@ func (s *Store) Commit(ctx context.Context, recs []Record, apply Apply) ([]bool,
 				fresh = append(fresh, i)
 			}
 		}
+		if len(fresh) == 0 && s.coverDuplicates.Load() {
+			if _, err := tx.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
+				return err
+			}
+		}
 		if len(fresh) == 0 || apply == nil {
 			return nil
 		}
@@ -226,10 +317,26 @@ func (s *Store) inTx(ctx context.Context, read func(pgx.Rows) error, fn func(tx 
 		err = fn(conn)
 	}
 	if err == nil {
-		_, err = conn.Exec(ctx, "COMMIT")
-		if err == nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CommitTimeout)
+		_, err = conn.Exec(cctx, "COMMIT")
+		cancel()
+		_, cancelledWait := s.repWaitCancelled.LoadAndDelete(conn.Conn().PgConn())
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil && !cancelledWait:
 			return nil
+		case errors.As(err, &pgErr):
+			// Postgres answered with an error (a deferred constraint): the
+			// transaction is rolled back, the outcome known.
+			return err
+		case err == nil:
+			err = fmt.Errorf("%w: postgres stopped waiting for the synchronous standby", ErrCommitUnknown)
+		default:
+			err = fmt.Errorf("%w: %w", ErrCommitUnknown, err)
 		}
+		// A connection that may be mid-COMMIT is not given back.
+		_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		return err
 	}
 	// The connection may be broken or mid-transaction: roll back what can
 	// be, and let the pool drop a connection that is not idle afterwards.
