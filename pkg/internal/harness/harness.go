@@ -3,7 +3,8 @@
 // (pkg/internal/cmd/bench, make bench) and the chaos suite
 // (pkg/internal/cmd/chaos, make chaos): it builds the binaries as the image
 // does, gives a run its own vhost, schema and Redis prefix, starts, kills
-// and measures processes, sends signed events, and reads the ledger.
+// and measures processes, sends signed events, reads the ledger, and serves
+// the provider's own record of events to a reconciler (StripeEvents).
 //
 // Like the …test packages, it is for development only: no product package
 // imports it (pkg/internal/app/layers_test.go checks).
@@ -133,7 +134,7 @@ func (s *Stack) Env(extra ...string) []string {
 func configVar(name string) bool {
 	for _, p := range []string{"AMQP_", "REDIS_", "DATABASE_", "LOG_", "QUEUE_", "RETRY_", "QUORUM_", "DEDUPE_", "HTTP_",
 		"METRICS_", "WEBHOOK_", "INSECURE_", "PUBLISH_", "RECEIVER_", "DUPLICATE_", "SHUTDOWN_", "WORKER_", "DB_",
-		"PROCESS_", "MIGRATE_", "RABBITMQ_", "ADMIN_"} {
+		"PROCESS_", "MIGRATE_", "RABBITMQ_", "ADMIN_", "STRIPE_", "RECONCILE_"} {
 		if strings.HasPrefix(name, p) {
 			return true
 		}
@@ -153,9 +154,9 @@ type Proc struct {
 	err    error
 }
 
-// Start runs bin from the stack's BinDir with env.
-func (s *Stack) Start(name, bin string, env []string) (*Proc, error) {
-	p := &Proc{Name: name, cmd: exec.Command(filepath.Join(s.BinDir, bin)), log: &tail{max: 200}, exited: make(chan struct{})}
+// Start runs bin from the stack's BinDir with env and args.
+func (s *Stack) Start(name, bin string, env []string, args ...string) (*Proc, error) {
+	p := &Proc{Name: name, cmd: exec.Command(filepath.Join(s.BinDir, bin), args...), log: &tail{max: 200}, exited: make(chan struct{})}
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
@@ -173,6 +174,13 @@ func (p *Proc) Kill() {
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.exited
 }
+
+// Exited is closed once the process has exited.
+func (p *Proc) Exited() <-chan struct{} { return p.exited }
+
+// ExitCode is the exit code once Exited is closed: -1 when a signal ended
+// the process.
+func (p *Proc) ExitCode() int { return p.cmd.ProcessState.ExitCode() }
 
 // Term sends SIGTERM and returns the exit code, or -1 after timeout (the
 // process is then killed).
@@ -282,14 +290,19 @@ func Body(id string) []byte {
 // both ways, so only the created times order them. In order they leave the
 // PaymentIntent succeeded with 4200 received; WrongStates counts the
 // payments that end otherwise.
-func RetriedDebitBody(id string) []byte {
+func RetriedDebitBody(id string) []byte { return RetriedDebitBodyAt(id, bodyEpoch) }
+
+// RetriedDebitBodyAt is RetriedDebitBody with the payment's succeeded
+// event created at the unix time at (payment_failed 10 s and processing
+// 20 s before it), for a run whose payments are created one after another.
+func RetriedDebitBodyAt(id string, at int64) []byte {
 	if base, ok := strings.CutSuffix(id, "_p"); ok {
-		return intentEvent(id, base, "payment_intent.processing", "processing", bodyEpoch-20, 0)
+		return intentEvent(id, base, "payment_intent.processing", "processing", at-20, 0)
 	}
 	if base, ok := strings.CutSuffix(id, "_f"); ok {
-		return intentEvent(id, base, "payment_intent.payment_failed", "requires_payment_method", bodyEpoch-10, 0)
+		return intentEvent(id, base, "payment_intent.payment_failed", "requires_payment_method", at-10, 0)
 	}
-	return intentEvent(id, id, "payment_intent.succeeded", "succeeded", bodyEpoch, 4200)
+	return intentEvent(id, id, "payment_intent.succeeded", "succeeded", at, 4200)
 }
 
 // intentEvent is a Stripe event id about the PaymentIntent of payment (its

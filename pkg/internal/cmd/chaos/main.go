@@ -28,6 +28,12 @@
 // each a scenario, and all of them combined. Network faults go through TCP
 // proxies (faulttest) in front of the real services.
 //
+// In the reconcile scenario the provider gives up on a tenth of the events
+// for good (their deliveries signed with a wrong secret, answered 401), and
+// the real eventsctl reconcile, run against an in-process Stripe events API
+// (harness.StripeEvents) and SIGKILLed once at a random moment, must bring
+// every one of them, and only them, into the ledger.
+//
 //	go run ./pkg/internal/cmd/chaos -events 50000 -dups 3 -duration 60s -pg-outage 60s -flushall   # make chaos
 //	go run ./pkg/internal/cmd/chaos -events 500 -dups 3 -duration 8s -pg-outage 10s                # make chaos-short, part of make test
 package main
@@ -98,6 +104,9 @@ func main() {
 		}
 		r := runScenario(context.Background(), binDir, name, sc, o)
 		fmt.Println(r.line())
+		if r.note != "" {
+			fmt.Println(r.note)
+		}
 		if !r.ok() {
 			failed = true
 			fmt.Println(r.detail)
@@ -117,26 +126,52 @@ func check(err error) {
 	}
 }
 
-// scenario injects faults into a running system until stop is closed and
-// returns how many it injected.
-type scenario func(sys *system, stop <-chan struct{}, o options) int
+// faultSource injects faults into a running system until stop is closed
+// and returns how many it injected.
+type faultSource func(sys *system, stop <-chan struct{}, o options) int
+
+// scenario is what goes wrong in one run.
+type scenario struct {
+	// faults, when set, runs while the events flow.
+	faults faultSource
+	// reject is the share of the events, chosen at random, that the
+	// provider delivers only with a wrong signature: the receiver answers
+	// 401 to each of their deliveries and the sender gives up on them for
+	// good, as Stripe does at the end of its retry window while an
+	// endpoint's secret is wrong. Only a recovery brings them back.
+	reject float64
+	// recover, when set, runs once the deliveries settled, against the
+	// provider's record of every event (system.stripe).
+	recover func(ctx context.Context, sys *system, ids []string, rejected map[string]bool, o options) recovery
+}
+
+// recovery is what a scenario's recovery did.
+type recovery struct {
+	// faults it injected itself (a SIGKILLed reconciler run).
+	faults int
+	// note says what it did, under the scenario's line.
+	note string
+	// problems are what it got wrong; any fails the scenario.
+	problems []string
+}
 
 var scenarios = map[string]scenario{
-	"baseline":        func(*system, <-chan struct{}, options) int { return 0 },
-	"kill-workers":    killWorkers,
-	"kill-receiver":   killReceiver,
-	"redis":           redisFaults,
-	"postgres-cuts":   postgresCuts,
-	"rabbitmq":        rabbitFaults,
-	"latency":         latency,
-	"postgres-outage": postgresOutage,
-	"relay-kill":      relayKill,
-	"combined":        combined,
+	"baseline":        {},
+	"kill-workers":    {faults: killWorkers},
+	"kill-receiver":   {faults: killReceiver},
+	"redis":           {faults: redisFaults},
+	"postgres-cuts":   {faults: postgresCuts},
+	"rabbitmq":        {faults: rabbitFaults},
+	"latency":         {faults: latency},
+	"postgres-outage": {faults: postgresOutage},
+	"relay-kill":      {faults: relayKill},
+	"combined":        {faults: combined},
+	"reconcile":       {reject: 0.1, recover: reconcileRejected},
 }
 
 func names() []string {
 	return []string{"baseline", "kill-workers", "kill-receiver", "redis", "postgres-cuts", "rabbitmq", "latency", "postgres-outage",
-		"relay-kill", "combined"}
+		"relay-kill", "combined", "reconcile"}
 }
 
 // system is the running pipeline: proxies in front of the services, one
@@ -150,6 +185,9 @@ type system struct {
 	workers                  []*harness.Proc
 	consumer                 *harness.Proc
 	receiverPeak, workerPeak int64
+	// stripe is the provider's record of the scenario's events, in the
+	// scenarios with a recovery.
+	stripe *harness.StripeEvents
 }
 
 func (s *system) receiverEnv() []string {
@@ -231,12 +269,14 @@ type result struct {
 	emailsDoubled                 int
 	wall                          time.Duration
 	receiverPeak, workerPeak      int64
-	detail                        string
+	recoveryProblems              int
+	// note is printed under the line, detail too when the scenario failed.
+	note, detail string
 }
 
 func (r result) ok() bool {
 	return r.lost == 0 && r.doubled == 0 && r.dlq == 0 && r.left == 0 && r.wrongState == 0 && r.processed == r.events &&
-		r.emailsLost == 0 && r.emailsDoubled == 0
+		r.emailsLost == 0 && r.emailsDoubled == 0 && r.recoveryProblems == 0
 }
 
 func (r result) line() string {
@@ -295,20 +335,50 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	if name == "combined" {
 		o.conc, o.pace = o.combinedConc, o.combinedPace
 	}
-	go func() { faultsDone <- sc(sys, stopFaults, o) }()
+	go func() {
+		n := 0
+		if sc.faults != nil {
+			n = sc.faults(sys, stopFaults, o)
+		} else {
+			<-stopFaults
+		}
+		faultsDone <- n
+	}()
 
 	// Every payment is three events, sent shuffled like the rest:
 	// processing, payment_failed and succeeded, 10 s apart by their created
-	// times (harness.RetriedDebitBody).
+	// times (harness.RetriedDebitBodyAt). The payments were created one
+	// after another over the -duration before the scenario's start, so
+	// the provider's record of them (system.stripe) is the scenario's own,
+	// in a reconciler's window of the last hour however long the suite.
 	ids := make([]string, 0, 3*o.events)
 	payments := make([]string, o.events)
+	created := make(map[string]int64, o.events)
+	span := max(int64(o.duration/time.Second), 1)
 	for i := range payments {
 		payments[i] = fmt.Sprintf("evt_chaos_%s_%07d", name, i)
-		ids = append(ids, payments[i], payments[i]+"_p", payments[i]+"_f")
+		created[payments[i]] = start.Unix() - span + int64(i)*span/int64(o.events)
+		ids = append(ids, payments[i]+"_p", payments[i]+"_f", payments[i])
 	}
-	accepted, sent := sendAll(ctx, sys, ids, o)
+	bodyOf := func(id string) []byte {
+		return harness.RetriedDebitBodyAt(id, created[strings.TrimSuffix(strings.TrimSuffix(id, "_p"), "_f")])
+	}
+	if sc.recover != nil {
+		sys.stripe = harness.NewStripeEvents(stripeKey)
+		defer sys.stripe.Close()
+		for _, id := range ids { // within a second, in the order they were created
+			check(sys.stripe.Add(bodyOf(id)))
+		}
+	}
+	rejected := map[string]bool{}
+	if sc.reject > 0 {
+		for _, i := range rand.Perm(len(ids))[:int(sc.reject*float64(len(ids)))] {
+			rejected[ids[i]] = true
+		}
+	}
+	accepted, sent := sendAll(ctx, sys, ids, bodyOf, rejected, o)
 	close(stopFaults)
-	faults := <-faultsDone
+	faults := <-faultsDone + len(rejected)
 	// Heal everything, and make sure every process is running.
 	sys.pg.SetDown(false)
 	sys.redis.SetDown(false)
@@ -316,7 +386,21 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	for _, p := range []*faulttest.Proxy{sys.pg, sys.redis, sys.rabbit} {
 		p.SetLatency(0)
 	}
-	r := settle(ctx, sys, name, ids, accepted)
+	// A 2xx is a promise; after a recovery from the provider's record,
+	// so is every event of that record.
+	var promised []string
+	accepted.Range(func(k, _ any) bool { promised = append(promised, k.(string)); return true })
+	var rec recovery
+	if sc.recover != nil {
+		rec = sc.recover(ctx, sys, ids, rejected, o)
+		faults += rec.faults
+		promised = ids
+	}
+	r := settle(ctx, sys, name, ids, promised)
+	r.note, r.recoveryProblems = rec.note, len(rec.problems)
+	for _, p := range rec.problems {
+		r.detail += "  " + p + "\n"
+	}
 	r.wrongState, err = sys.stack.WrongStates(ctx, payments)
 	check(err)
 	if r.wrongState > 0 {
@@ -336,9 +420,11 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 }
 
 // sendAll delivers every event 1+dups times in a shuffled order, each
-// delivery retried (as Stripe does, with backoff) until it is answered 2xx.
-// It returns which events got a 2xx and how many requests were made.
-func sendAll(ctx context.Context, sys *system, ids []string, o options) (*sync.Map, int) {
+// delivery retried (as Stripe does, with backoff) until it is answered 2xx;
+// the deliveries of a rejected event are signed with a wrong secret, and
+// given up after the receiver's 401. It returns which events got a 2xx and
+// how many requests were made.
+func sendAll(ctx context.Context, sys *system, ids []string, bodyOf func(string) []byte, rejected map[string]bool, o options) (*sync.Map, int) {
 	var deliveries []string
 	for d := 0; d <= o.dups; d++ {
 		deliveries = append(deliveries, ids...)
@@ -346,6 +432,9 @@ func sendAll(ctx context.Context, sys *system, ids []string, o options) (*sync.M
 	rand.Shuffle(len(deliveries), func(i, j int) { deliveries[i], deliveries[j] = deliveries[j], deliveries[i] })
 	sender := harness.NewSender("http://"+sys.httpAddr, "whsec_chaos", o.conc)
 	sender.Client.Timeout = 10 * time.Second
+	// The provider signs these with a secret the endpoint does not have
+	// (it was rotated on one side only).
+	misconfigured := &harness.Sender{URL: sender.URL, Secret: "whsec_chaos_rotated", Client: sender.Client}
 	accepted := &sync.Map{}
 	var requests atomic.Int64
 	// Release deliveries on a schedule that spans o.duration at least.
@@ -365,13 +454,22 @@ func sendAll(ctx context.Context, sys *system, ids []string, o options) (*sync.M
 	for c := 0; c < o.conc; c++ {
 		wg.Go(func() {
 			for id := range work {
-				body := harness.RetriedDebitBody(id)
+				body, s := bodyOf(id), sender
+				if rejected[id] {
+					s = misconfigured
+				}
 				backoff := 50 * time.Millisecond
 				for {
 					requests.Add(1)
-					code, _ := sender.Send(ctx, body)
+					code, _ := s.Send(ctx, body)
 					if code == 202 || code == 200 {
 						accepted.Store(id, true)
+						if sys.stripe != nil {
+							sys.stripe.Delivered(id)
+						}
+						break
+					}
+					if code == 401 && rejected[id] {
 						break
 					}
 					if code >= 400 && code < 500 {
@@ -418,9 +516,34 @@ func abs(n int) int {
 }
 
 // settle waits until the queues are drained and the ledger stops changing,
-// then checks it.
-func settle(ctx context.Context, sys *system, name string, ids []string, accepted *sync.Map) result {
+// then checks it: every one of ids once, every promised one there.
+func settle(ctx context.Context, sys *system, name string, ids, promised []string) result {
 	r := result{name: name}
+	var last harness.Ledger
+	last, r.left, r.dlq = drain(ctx, sys, len(ids))
+	r.processed, r.doubled = last.Payments, last.Doubled
+	missing, err := sys.stack.Missing(ctx, promised)
+	check(err)
+	r.lost = len(missing)
+	if !r.ok() {
+		var b strings.Builder
+		fmt.Fprintf(&b, "  %d events were promised (answered 2xx, or recovered); missing: %v\n", len(promised), head(missing, 10))
+		sys.mu.Lock()
+		for _, w := range sys.workers {
+			fmt.Fprintf(&b, "  --- %s (last lines)\n%s\n", w.Name, lastLines(w.Log(), 15))
+		}
+		fmt.Fprintf(&b, "  --- receiver (last lines)\n%s\n", lastLines(sys.receiver.Log(), 15))
+		sys.mu.Unlock()
+		r.detail = b.String()
+	}
+	return r
+}
+
+// drain waits until the queues are empty and the ledger has stopped
+// changing: for a second once it holds want payments rows, for 5 s short
+// of them, 5 minutes at most. It returns the ledger and the messages left
+// in the queues and in the DLQ.
+func drain(ctx context.Context, sys *system, want int) (last harness.Ledger, left, dlq int) {
 	conn, err := amqp.Dial(sys.stack.AMQPURL)
 	check(err)
 	defer conn.Close()
@@ -442,11 +565,10 @@ func settle(ctx context.Context, sys *system, name string, ids []string, accepte
 	}
 	deadline := time.Now().Add(5 * time.Minute)
 	stable := 0
-	var last harness.Ledger
 	for {
 		l, err := sys.stack.ReadLedger(ctx)
 		check(err)
-		left, dlq := depth()
+		left, dlq = depth()
 		// Unacked deliveries are invisible to a passive declare; a ledger
 		// that stopped moving with empty queues means they are settled too.
 		if left == 0 && l == last {
@@ -455,30 +577,11 @@ func settle(ctx context.Context, sys *system, name string, ids []string, accepte
 			stable = 0
 		}
 		last = l
-		if (stable >= 10 && l.Payments == len(ids)) || time.Now().After(deadline) || (stable >= 50) {
-			r.left, r.dlq = left, dlq
-			break
+		if (stable >= 10 && l.Payments == want) || time.Now().After(deadline) || (stable >= 50) {
+			return last, left, dlq
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	r.processed, r.doubled = last.Payments, last.Doubled
-	var want []string
-	accepted.Range(func(k, _ any) bool { want = append(want, k.(string)); return true })
-	missing, err := sys.stack.Missing(ctx, want)
-	check(err)
-	r.lost = len(missing)
-	if !r.ok() {
-		var b strings.Builder
-		fmt.Fprintf(&b, "  %d events were answered 2xx; missing: %v\n", len(want), head(missing, 10))
-		sys.mu.Lock()
-		for _, w := range sys.workers {
-			fmt.Fprintf(&b, "  --- %s (last lines)\n%s\n", w.Name, lastLines(w.Log(), 15))
-		}
-		fmt.Fprintf(&b, "  --- receiver (last lines)\n%s\n", lastLines(sys.receiver.Log(), 15))
-		sys.mu.Unlock()
-		r.detail = b.String()
-	}
-	return r
 }
 
 func head(s []string, n int) []string {
@@ -652,7 +755,7 @@ func postgresOutage(sys *system, stop <-chan struct{}, o options) int {
 func combined(sys *system, stop <-chan struct{}, o options) int {
 	var total atomic.Int64
 	var wg sync.WaitGroup
-	for _, f := range []scenario{killWorkers, killReceiver, redisFaults, postgresCuts, rabbitFaults, latency} {
+	for _, f := range []faultSource{killWorkers, killReceiver, redisFaults, postgresCuts, rabbitFaults, latency} {
 		wg.Go(func() { total.Add(int64(f(sys, stop, o))) })
 	}
 	wg.Wait()
