@@ -219,21 +219,26 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 	return 0
 }
 
-func printReconcileReport(w io.Writer, r reconcile.Report, done bool) {
-	var what string
+// runHeading names a run and how it ended: "run 12 (resumed) finished".
+func runHeading(dryRun, resumed bool, id int64, done bool) string {
+	what := "run"
 	switch {
-	case r.DryRun:
+	case dryRun:
 		what = "dry run"
-	case r.Resumed:
-		what = fmt.Sprintf("run %d (resumed)", r.RunID)
-	default:
-		what = fmt.Sprintf("run %d", r.RunID)
+	case id != 0:
+		what = fmt.Sprintf("run %d", id)
 	}
-	state := "finished"
+	if resumed {
+		what += " (resumed)"
+	}
 	if !done {
-		state = "stopped"
+		return what + " stopped"
 	}
-	fmt.Fprintf(w, "%s %s: %s, events created %s .. %s\n", what, state, r.Source,
+	return what + " finished"
+}
+
+func printReconcileReport(w io.Writer, r reconcile.Report, done bool) {
+	fmt.Fprintf(w, "%s: %s, events created %s .. %s\n", runHeading(r.DryRun, r.Resumed, r.RunID, done), r.Source,
 		r.From.Format(time.RFC3339), r.To.Format(time.RFC3339))
 	fmt.Fprintf(w, "  listed %d in %d pages: %d in the ledger, %d missing\n", r.Listed, r.Pages, r.Present, r.Missing)
 	if r.DryRun {
@@ -249,18 +254,7 @@ func printReconcileReport(w io.Writer, r reconcile.Report, done bool) {
 }
 
 func printGitHubReport(w io.Writer, r reconcile.GitHubReport, done bool) {
-	what := "run"
-	switch {
-	case r.DryRun:
-		what = "dry run"
-	case r.RunID != 0:
-		what = fmt.Sprintf("run %d", r.RunID)
-	}
-	state := "finished"
-	if !done {
-		state = "stopped"
-	}
-	fmt.Fprintf(w, "%s %s: %s, deliveries %s .. %s\n", what, state, r.Source,
+	fmt.Fprintf(w, "%s: %s, deliveries %s .. %s\n", runHeading(r.DryRun, false, r.RunID, done), r.Source,
 		r.From.Format(time.RFC3339), r.To.Format(time.RFC3339))
 	fmt.Fprintf(w, "  listed %d deliveries in %d pages (%d before the window): %d events\n", r.Listed, r.Pages, r.OutsideWindow, r.GUIDs)
 	fmt.Fprintf(w, "  %d in the ledger, %d succeeded but not yet in the ledger, %d failed\n", r.Present, r.Accepted, r.Failed)
