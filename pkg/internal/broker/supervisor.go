@@ -2,7 +2,10 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"os"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -13,7 +16,8 @@ import (
 
 // Dialer says how to reach the broker.
 type Dialer struct {
-	// URL is the AMQP URL, vhost included.
+	// URL is the AMQP URL, vhost included; for a cluster, the URLs of
+	// several nodes separated by commas (Nodes).
 	URL string
 	// Name is shown as the connection name in the broker's UI.
 	Name string
@@ -25,8 +29,43 @@ type Dialer struct {
 	Heartbeat time.Duration
 }
 
-// Dial opens one connection.
+// Nodes splits an AMQP_URL that lists the nodes of a cluster, separated
+// by commas, into their URLs.
+func Nodes(url string) []string {
+	var out []string
+	for _, u := range strings.Split(url, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// nextNode rotates the node a dial tries first, so that the clients of a
+// cluster spread over its nodes and a reconnect after a node's loss tries
+// the others first.
+var nextNode atomic.Uint32
+
+// Dial opens one connection, to the first node of URL that accepts it,
+// starting from a node that rotates with every call.
 func (d Dialer) Dial() (*amqp.Connection, error) {
+	nodes := Nodes(d.URL)
+	if len(nodes) == 0 {
+		return nil, errors.New("no AMQP URL")
+	}
+	start := int(nextNode.Add(1))
+	var errs []error
+	for i := range nodes {
+		conn, err := d.dial(nodes[(start+i)%len(nodes)])
+		if err == nil {
+			return conn, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func (d Dialer) dial(url string) (*amqp.Connection, error) {
 	timeout := d.DialTimeout
 	if timeout <= 0 {
 		timeout = 5 * time.Second
@@ -40,7 +79,7 @@ func (d Dialer) Dial() (*amqp.Connection, error) {
 	props.SetClientConnectionName(d.Name + " " + host)
 	// Recovery stays nil: reconnecting is Supervise's job, so that delivery
 	// tags and unconfirmed publishes never outlive their connection.
-	return amqp.DialConfig(d.URL, amqp.Config{
+	return amqp.DialConfig(url, amqp.Config{
 		Heartbeat:  heartbeat,
 		Locale:     "en_US",
 		Properties: props,

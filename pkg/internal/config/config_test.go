@@ -67,6 +67,21 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 	requireEachNamed(t, cases)
 }
 
+// AMQP_URL may list a cluster's nodes; a bad one among them, or nodes that
+// name different vhosts, is refused.
+func TestAMQPURLListsClusterNodes(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv("AMQP_URL", "amqp://u:p@rabbit-0:5672/payments, amqp://u:p@rabbit-1:5672/payments,amqp://u:p@rabbit-2:5672/payments")
+	var w config.Worker
+	require.NoError(t, config.Load(&w))
+	for _, bad := range []string{"amqp://u:p@rabbit-0:5672/payments,http://rabbit-1", "amqp://u:p@rabbit-0:5672/payments,amqp://u:p@rabbit-1:5672/other"} {
+		t.Setenv("AMQP_URL", bad)
+		err := config.Load(&w)
+		require.Error(t, err, bad)
+		assert.Contains(t, err.Error(), "AMQP_URL", bad)
+	}
+}
+
 func TestCredentialsAreNotEchoed(t *testing.T) {
 	requireNotEchoed(t, "AMQP_URL", "ftp://user:s3cret@host/", "s3cret")
 }

@@ -14,8 +14,17 @@ import (
 )
 
 func (c *Connections) validate(p *problems, needRedis, needDB bool) {
-	if _, err := amqp.ParseURI(c.AMQPURL); err != nil {
-		p.add("AMQP_URL", "not a valid AMQP URL (%v)", err)
+	vhosts := map[string]bool{}
+	for _, u := range strings.Split(c.AMQPURL, ",") {
+		uri, err := amqp.ParseURI(strings.TrimSpace(u))
+		if err != nil {
+			p.add("AMQP_URL", "not a valid AMQP URL, or comma-separated list of the URLs of a cluster's nodes (%v)", err)
+			break
+		}
+		vhosts[uri.Vhost] = true
+	}
+	if len(vhosts) > 1 {
+		p.add("AMQP_URL", "the nodes' URLs name different vhosts; a cluster's nodes serve one vhost")
 	}
 	if needRedis {
 		if _, err := redis.ParseURL(c.RedisURL); err != nil {

@@ -52,7 +52,7 @@ func ManagementURL(setting, amqpURL string) (string, error) {
 	case "off", "":
 		return "", nil
 	case "auto":
-		uri, err := amqp.ParseURI(amqpURL)
+		uri, err := amqp.ParseURI(firstNode(amqpURL))
 		if err != nil {
 			return "", err
 		}
@@ -75,9 +75,15 @@ func New(base, vhost string) (*Client, error) {
 	return &Client{base: u, vhost: vhost, http: &http.Client{Timeout: 5 * time.Second}}, nil
 }
 
+// firstNode is the first URL of an AMQP_URL that lists several nodes.
+func firstNode(amqpURL string) string {
+	first, _, _ := strings.Cut(amqpURL, ",")
+	return strings.TrimSpace(first)
+}
+
 // ForAMQP returns a client for the vhost of amqpURL.
 func ForAMQP(base, amqpURL string) (*Client, error) {
-	uri, err := amqp.ParseURI(amqpURL)
+	uri, err := amqp.ParseURI(firstNode(amqpURL))
 	if err != nil {
 		return nil, err
 	}
