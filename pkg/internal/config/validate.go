@@ -27,7 +27,7 @@ func (c *Connections) validate(p *problems, needRedis, needDB bool) {
 		p.add("AMQP_URL", "the nodes' URLs name different vhosts; a cluster's nodes serve one vhost")
 	}
 	if needRedis {
-		if _, err := redis.ParseURL(c.RedisURL); err != nil {
+		if _, _, err := ParseRedisURL(c.RedisURL); err != nil {
 			p.add("REDIS_URL", "not a valid Redis URL (%v)", err)
 		}
 	}
@@ -212,4 +212,37 @@ func (c *Migrate) Validate() error {
 	checkPositive(&p, "MIGRATE_LOCK_TIMEOUT", c.LockTimeout)
 	checkPositive(&p, "MIGRATE_WAIT_TIMEOUT", c.WaitTimeout)
 	return p.err()
+}
+
+// ParseRedisURL reads a REDIS_URL of any of the three forms dedupe.Open
+// takes (one server, a Sentinel-managed master, a cluster), and reports
+// whether it names a cluster.
+func ParseRedisURL(redisURL string) (opts *redis.UniversalOptions, cluster bool, err error) {
+	u, err := url.Parse(redisURL)
+	if err != nil {
+		return nil, false, err
+	}
+	q := u.Query()
+	switch {
+	case q.Has("master_name"):
+		f, err := redis.ParseFailoverURL(redisURL)
+		if err != nil {
+			return nil, false, err
+		}
+		return &redis.UniversalOptions{Addrs: f.SentinelAddrs, MasterName: f.MasterName, DB: f.DB,
+			Username: f.Username, Password: f.Password, SentinelUsername: f.SentinelUsername,
+			SentinelPassword: f.SentinelPassword, TLSConfig: f.TLSConfig}, false, nil
+	case q.Has("addr"):
+		c, err := redis.ParseClusterURL(redisURL)
+		if err != nil {
+			return nil, false, err
+		}
+		return &redis.UniversalOptions{Addrs: c.Addrs, Username: c.Username, Password: c.Password, TLSConfig: c.TLSConfig}, true, nil
+	}
+	o, err := redis.ParseURL(redisURL)
+	if err != nil {
+		return nil, false, err
+	}
+	return &redis.UniversalOptions{Addrs: []string{o.Addr}, DB: o.DB, Username: o.Username, Password: o.Password,
+		TLSConfig: o.TLSConfig, Protocol: o.Protocol}, false, nil
 }

@@ -37,11 +37,16 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
 )
 
 // Cache remembers committed event ids in Redis.
 type Cache struct {
-	rdb      *redis.Client
+	rdb redis.UniversalClient
+	// cluster: keys live on different nodes, so one MGET cannot read them
+	// all (CROSSSLOT); a pipeline of GETs, split by node, does.
+	cluster  bool
 	prefix   string
 	epochKey string
 	ttl      time.Duration
@@ -53,8 +58,16 @@ type Cache struct {
 // Open connects to redisURL. Entries are prefix + "committed:" + event id,
 // live for ttl and hold "<epoch>:<digest>"; the epoch key is prefix +
 // "ledger-epoch".
+//
+// redisURL names one server (redis://host:6379/0), a Sentinel-managed
+// master (redis://sentinel-0:26379?master_name=mymaster&addr=sentinel-1:26379,
+// go-redis's failover URL: the client asks the sentinels where the master
+// is and follows a failover), or a Redis Cluster
+// (redis://node-0:6379?addr=node-1:6379&addr=node-2:6379, its cluster URL).
+// Whichever it is, Redis stays a hint: a failover that forgets entries
+// only costs Postgres lookups.
 func Open(redisURL, prefix string, ttl time.Duration) (*Cache, error) {
-	opts, err := redis.ParseURL(redisURL)
+	opts, cluster, err := config.ParseRedisURL(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse REDIS_URL: %w", err)
 	}
@@ -66,14 +79,20 @@ func Open(redisURL, prefix string, ttl time.Duration) (*Cache, error) {
 	opts.MaxRetries = 0
 	opts.DialerRetries = 1
 	opts.ContextTimeoutEnabled = true
-	return &Cache{rdb: redis.NewClient(opts), prefix: prefix + "committed:", epochKey: prefix + "ledger-epoch", ttl: ttl}, nil
+	c := &Cache{prefix: prefix + "committed:", epochKey: prefix + "ledger-epoch", ttl: ttl, cluster: cluster}
+	if cluster {
+		c.rdb = redis.NewClusterClient(opts.Cluster())
+	} else {
+		c.rdb = redis.NewUniversalClient(opts)
+	}
+	return c, nil
 }
 
 // Close closes the client.
 func (c *Cache) Close() error { return c.rdb.Close() }
 
 // Client exposes the Redis client for tests and tools.
-func (c *Cache) Client() *redis.Client { return c.rdb }
+func (c *Cache) Client() redis.UniversalClient { return c.rdb }
 
 // Key is the Redis key of an event id.
 func (c *Cache) Key(id string) string { return c.prefix + id }
@@ -94,9 +113,9 @@ func (c *Cache) Committed(ctx context.Context, ids []string) ([]string, error) {
 	for i, id := range ids {
 		keys[i+1] = c.Key(id)
 	}
-	vals, err := c.rdb.MGet(ctx, keys...).Result()
+	vals, err := c.get(ctx, keys)
 	if err != nil {
-		return nil, fmt.Errorf("redis MGET: %w", err)
+		return nil, err
 	}
 	if len(vals) != len(keys) {
 		return nil, errors.New("redis MGET: answer has the wrong length")
@@ -113,6 +132,34 @@ func (c *Cache) Committed(ctx context.Context, ids []string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// get reads keys in one round trip (one per node of a cluster).
+func (c *Cache) get(ctx context.Context, keys []string) ([]any, error) {
+	if !c.cluster {
+		vals, err := c.rdb.MGet(ctx, keys...).Result()
+		if err != nil {
+			return nil, fmt.Errorf("redis MGET: %w", err)
+		}
+		return vals, nil
+	}
+	cmds := make([]*redis.StringCmd, len(keys))
+	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = p.Get(ctx, k)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("redis GET: %w", err)
+	}
+	vals := make([]any, len(keys))
+	for i, cmd := range cmds {
+		if v, err := cmd.Result(); err == nil {
+			vals[i] = v
+		}
+	}
+	return vals, nil
 }
 
 // Entry is a committed event: its key and content digest.
