@@ -20,6 +20,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/queuestats"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/reconcile"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/retention"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
@@ -112,6 +113,9 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 		return err
 	}
 	if err := reg.Register(reconcile.NewCollector(st.Pool(), log.Named("reconcile"))); err != nil {
+		return err
+	}
+	if err := reg.Register(retention.NewCollector(st.Pool(), log.Named("prune"))); err != nil {
 		return err
 	}
 

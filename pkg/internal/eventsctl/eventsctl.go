@@ -36,6 +36,7 @@ usage:
   eventsctl outbox <command>  list, show or retry parked outbox messages (eventsctl outbox -h)
   eventsctl reconcile [flags] feed the events Stripe has and the ledger lacks into the pipeline,
                               or have GitHub redeliver a hook's failed deliveries
+  eventsctl prune [flags]     delete ledger and audit rows older than their retention
 
 Run "eventsctl <command> -h" for the flags of a command.
 `
@@ -62,6 +63,8 @@ func Main(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, 
 		return outboxCmd(ctx, args[1:], env, stdout, stderr)
 	case "reconcile":
 		return reconcileCmd(ctx, args[1:], env, stdout, stderr)
+	case "prune":
+		return pruneCmd(ctx, args[1:], env, stdout, stderr)
 	case "--version", "version":
 		fmt.Fprintln(stdout, "eventsctl", telemetry.Version)
 		return 0

@@ -16,7 +16,7 @@ import (
 func TestHelpOfEveryCommandExitsZero(t *testing.T) {
 	noEnv := func(string) string { return "" }
 	for _, cmd := range [][]string{{"send"}, {"sign"}, {"verify"}, {"status"}, {"dlq", "list"}, {"dlq", "show"},
-		{"dlq", "replay"}, {"dlq", "discard"}, {"dlq", "audit"}, {"outbox", "list"}, {"outbox", "show"}, {"outbox", "retry"}, {"reconcile"}} {
+		{"dlq", "replay"}, {"dlq", "discard"}, {"dlq", "audit"}, {"outbox", "list"}, {"outbox", "show"}, {"outbox", "retry"}, {"reconcile"}, {"prune"}} {
 		for _, help := range []string{"-h", "--help"} {
 			var stdout, stderr bytes.Buffer
 			code := eventsctl.Main(context.Background(), append(cmd, help), noEnv, strings.NewReader(""), &stdout, &stderr)

@@ -49,6 +49,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/event"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/options"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/retention"
 	"github.com/idempotent-events/idempotent-events/pkg/payments"
 )
 
@@ -212,6 +213,14 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		}
 	}()
 
+	keep, pruned, err := retention.LedgerRetention(ctx, o.DB)
+	if err != nil {
+		return Report{}, fmt.Errorf("reconcile: read the ledger's retention: %w", err)
+	}
+	if pruned && o.Since > keep-time.Hour {
+		return Report{}, fmt.Errorf("reconcile: the window of %s reaches past the ledger's retention of %s less an hour "+
+			"(the latest eventsctl prune): an event whose ledger row was pruned would be processed again; use a shorter -since", o.Since, keep)
+	}
 	r := &run{o: o}
 	if o.DryRun {
 		return r.dryRun(ctx)

@@ -1,0 +1,107 @@
+package eventsctl
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/logging"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/retention"
+)
+
+const pruneUsage = `  eventsctl prune [-ledger-retention 35d] [-audit-retention 365d] [-dry-run] [flags]
+
+Deletes, in batches of their own transaction, the rows older than their
+retention: processed_events, event_conflicts and finished reconcile runs by
+the ledger retention; dlq_audit and outbox_audit by the audit retention.
+Each run is recorded in prune_runs. A ledger row is what makes a
+redelivery a duplicate: keep it longer than the provider retries and than
+any reconcile window (at least 7d; eventsctl reconcile refuses a window
+longer than the latest prune's ledger retention).
+
+Exit status: 0 done, 1 a failure (what was deleted stays deleted; run it
+again), 2 bad flags or configuration.
+
+flags:
+`
+
+func pruneCmd(ctx context.Context, args []string, env Env, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("eventsctl prune", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage of %s:\n\n%s", fs.Name(), pruneUsage)
+		fs.PrintDefaults()
+	}
+	ledger := fs.String("ledger-retention", orDefault(env("LEDGER_RETENTION"), "35d"), "keep the ledger, conflicts and reconcile runs this long, e.g. 35d or 840h ($LEDGER_RETENTION; at least 7d)")
+	audit := fs.String("audit-retention", orDefault(env("AUDIT_RETENTION"), "365d"), "keep the DLQ and outbox audit trails this long ($AUDIT_RETENTION; at least 30d)")
+	batch := fs.Int("batch", 5000, "rows one DELETE removes")
+	pause := fs.Duration("pause", 0, "wait between two batches, to leave the database more room")
+	dryRun := fs.Bool("dry-run", false, "count what would be deleted, delete nothing")
+	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL URL of the ledger ($DATABASE_URL)")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := fs.Parse(args); err != nil {
+		return flagStatus(err)
+	}
+	fail := func(code int, format string, a ...any) int {
+		fmt.Fprintf(stderr, "eventsctl prune: "+format+"\n", a...)
+		return code
+	}
+	if fs.NArg() > 0 {
+		return fail(2, "unexpected argument %q", fs.Arg(0))
+	}
+	keepLedger, err := retention.ParseDays(*ledger)
+	if err != nil {
+		return fail(2, "-ledger-retention (LEDGER_RETENTION): %v", err)
+	}
+	keepAudit, err := retention.ParseDays(*audit)
+	if err != nil {
+		return fail(2, "-audit-retention (AUDIT_RETENTION): %v", err)
+	}
+	if *dbURL == "" {
+		return fail(2, "DATABASE_URL (or -database-url) is required")
+	}
+	log, err := logging.New(orDefault(env("LOG_LEVEL"), "info"), orDefault(env("LOG_FORMAT"), "json"))
+	if err != nil {
+		return fail(2, "%v", err)
+	}
+	defer func() { _ = log.Sync() }()
+	db, err := pgxpool.New(ctx, *dbURL)
+	if err != nil {
+		return fail(2, "DATABASE_URL: %v", err)
+	}
+	defer db.Close()
+	rep, err := retention.Prune(ctx, retention.Options{DB: db, Ledger: keepLedger, Audit: keepAudit, Batch: *batch, Pause: *pause,
+		DryRun: *dryRun, Logger: log.Named("prune")})
+	if err != nil && rep.Deleted == nil {
+		return fail(2, "%v", err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+	} else {
+		verb := "deleted"
+		if rep.DryRun {
+			verb = "would delete"
+		}
+		names := make([]string, 0, len(rep.Deleted))
+		for name := range rep.Deleted {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			fmt.Fprintf(stdout, "%-18s %s %d rows\n", name, verb, rep.Deleted[name])
+		}
+		fmt.Fprintf(stdout, "in %s\n", rep.Elapsed.Round(time.Millisecond))
+	}
+	if err != nil {
+		return fail(1, "%v", err)
+	}
+	return 0
+}
