@@ -53,6 +53,7 @@ type options struct {
 	// baselineDir holds its binaries.
 	baseline, baselineDir string
 	baselineEvents        int
+	pruneRows             int
 }
 
 func main() {
@@ -67,9 +68,10 @@ func main() {
 	flag.DurationVar(&o.rateFor, "rate-duration", 20*time.Second, "length of the end-to-end latency phase")
 	flag.StringVar(&o.workerEnv, "worker-env", "", "extra worker settings for our configuration, e.g. WORKER_BATCH_SIZE=128,WORKER_PREFETCH=512")
 	flag.StringVar(&o.receiverEnv, "receiver-env", "", "extra receiver settings, e.g. PUBLISH_CHANNELS=8")
-	flag.StringVar(&o.only, "only", "", "run only one phase: raw, main, seed, baseline, outbox, downstream, e2e (for profiling; prints that phase's lines)")
+	flag.StringVar(&o.only, "only", "", "run only one phase: raw, main, seed, baseline, outbox, downstream, e2e (for profiling; prints that phase's lines), or prune (the drain beside eventsctl prune on a ledger of -prune-rows; not part of a full run)")
 	flag.StringVar(&o.profileDir, "profile", "", "write 10 s CPU profiles of the receiver and the worker under load to this directory")
 	flag.StringVar(&o.baseline, "baseline", "", "a git revision: also time its worker on the same backlog as ours, in the same run, and print both")
+	flag.IntVar(&o.pruneRows, "prune-rows", 10_000_000, "ledger rows of the prune phase (-only prune), half of them older than the retention")
 	flag.IntVar(&o.baselineEvents, "baseline-events", 30_000, "unique events of the baseline comparison (each sent 1+dups times)")
 	flag.Parse()
 	if o.rawMessages <= 0 {
@@ -100,11 +102,16 @@ func main() {
 	for r := 1; r <= o.runs; r++ {
 		fmt.Printf("\n=== run %d of %d ===\n", r, o.runs)
 		f := run(context.Background(), binDir, o)
+		if o.only != "" {
+			continue // a phase prints its own lines
+		}
 		f.ratios()
 		f.print(fmt.Sprintf("run %d", r))
 		all = append(all, f)
 	}
-	median(all).print(fmt.Sprintf("MEDIAN of %d runs", len(all)), all...)
+	if o.only == "" {
+		median(all).print(fmt.Sprintf("MEDIAN of %d runs", len(all)), all...)
+	}
 }
 
 // profileDir, when set, receives CPU profiles taken under load.
@@ -272,6 +279,9 @@ func run(ctx context.Context, binDir string, o options) figures {
 		return f
 	case "downstream":
 		f.downP50, f.downP99, f.downCommitP50, f.downCommitP99 = downstream(ctx, binDir, o)
+		return f
+	case "prune":
+		vsPrune(ctx, binDir, o)
 		return f
 	}
 	f.rawPublish, f.rawConsume = rawBroker(ctx, binDir, o.rawMessages)
@@ -687,6 +697,12 @@ func mainWorkload(ctx context.Context, binDir string, o options) (rps, p50, p99,
 // Postgres more CPU than the worker's writes, and scraping the worker all
 // along cost it several percent of a core.
 func drainWith(ctx context.Context, s *harness.Stack, binary string, delivered, unique int, env ...string) (rate, uniqueRate, rss float64) {
+	return drainPattern(ctx, s, binary, "%", delivered, unique, env...)
+}
+
+// drainPattern is drainWith checking only the ledger rows whose event ids
+// are LIKE pattern.
+func drainPattern(ctx context.Context, s *harness.Stack, binary, pattern string, delivered, unique int, env ...string) (rate, uniqueRate, rss float64) {
 	conn, err := amqp.Dial(s.AMQPURL)
 	check(err)
 	defer conn.Close()
@@ -724,7 +740,7 @@ func drainWith(ctx context.Context, s *harness.Stack, binary string, delivered, 
 	elapsed := time.Since(start).Seconds()
 	cores := harness.ReadCPU("bench").Since(cpu)
 	_, peak := w.RSS()
-	checkDrained(ctx, s, ch, unique)
+	checkDrained(ctx, s, ch, pattern, unique)
 	printWorkerShape(metricsAddr)
 	fmt.Printf("  cores: %s\n", cores)
 	return float64(delivered) / elapsed, float64(unique) / elapsed, mib(peak)
@@ -732,10 +748,10 @@ func drainWith(ctx context.Context, s *harness.Stack, binary string, delivered, 
 
 // checkDrained fails the run unless the ledger holds unique events, none
 // twice, and nothing is left in events.main.
-func checkDrained(ctx context.Context, s *harness.Stack, ch *amqp.Channel, unique int) {
+func checkDrained(ctx context.Context, s *harness.Stack, ch *amqp.Channel, pattern string, unique int) {
 	q, err := ch.QueueDeclarePassive(broker.MainQueue, true, false, false, false, nil)
 	check(err)
-	l, err := s.ReadLedger(ctx)
+	l, err := harness.ReadLedger(ctx, s.DB, pattern)
 	check(err)
 	if l.Payments != unique || l.Processed != unique || l.Doubled != 0 || q.Messages != 0 {
 		check(fmt.Errorf("after the worker settled every delivery: ledger %+v (want %d events, none doubled), %d left in %s",
@@ -801,6 +817,14 @@ func workerOnly(ctx context.Context, binDir string, unique, dups int, env ...str
 func drainBacklog(ctx context.Context, binDir, binary string, unique, dups int, env ...string) float64 {
 	s := newStack(ctx, binDir)
 	defer s.Close()
+	publishBacklog(ctx, s, "small", unique, dups)
+	rate, _, _ := drainWith(ctx, s, binary, unique*(1+dups), unique, env...)
+	return rate
+}
+
+// publishBacklog publishes unique events with ids prefix_…, each 1+dups
+// times, shuffled, as the receiver publishes them.
+func publishBacklog(ctx context.Context, s *harness.Stack, prefix string, unique, dups int) {
 	// The topology is the workers'; declare it before publishing.
 	conn, err := amqp.Dial(s.AMQPURL)
 	check(err)
@@ -808,7 +832,7 @@ func drainBacklog(ctx context.Context, binDir, binary string, unique, dups int, 
 	check(broker.Topology{QueueType: broker.QueueClassic, RetryDelays: []time.Duration{5 * time.Second, 30 * time.Second, 2 * time.Minute, 10 * time.Minute, time.Hour}, DeliveryLimit: 1000}.DeclareOn(conn))
 	cc, err := broker.OpenConfirmChannel(conn)
 	check(err)
-	list := deliveries(ids("small", unique), dups)
+	list := deliveries(ids(prefix, unique), dups)
 	var wg sync.WaitGroup
 	var next atomic.Int64
 	for c := 0; c < 64; c++ {
@@ -830,8 +854,6 @@ func drainBacklog(ctx context.Context, binDir, binary string, unique, dups int, 
 	}
 	wg.Wait()
 	_ = cc.Close()
-	rate, _, _ := drainWith(ctx, s, binary, len(list), unique, env...)
-	return rate
 }
 
 // endToEnd runs receiver and worker together, offers o.rate unique events/s
