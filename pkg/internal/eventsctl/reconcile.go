@@ -7,10 +7,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/logging"
@@ -32,7 +34,9 @@ events in the window, at most -rate a second.
 
 Exit status: 0 done (missing events found or not; see the report), 1 a
 failure (the next run resumes), 2 bad flags or configuration, 3 another
-run for the source holds the lock.
+run for the source holds the lock. With -check-config: 0 or 2, and no
+service is called (the Helm chart's tests run it with the CronJob's
+arguments and environment).
 
 flags:
 `
@@ -55,6 +59,7 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL URL of the ledger ($DATABASE_URL)")
 	amqpURL := fs.String("amqp-url", orDefault(env("AMQP_URL"), defaultAMQP), "RabbitMQ URL with the pipeline's vhost ($AMQP_URL)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	checkOnly := fs.Bool("check-config", false, "check the flags and the environment as a run would, then exit 0 (or 2) without calling Stripe, PostgreSQL or RabbitMQ")
 	if err := fs.Parse(args); err != nil {
 		return flagStatus(err)
 	}
@@ -74,6 +79,8 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 		return fail(2, "DATABASE_URL (or -database-url) is required")
 	case *rate <= 0:
 		return fail(2, "-rate must be positive")
+	case !isHTTPURL(*apiURL):
+		return fail(2, "-api-url (STRIPE_API_URL): want an http(s) URL, got %q", *apiURL)
 	}
 	var typeList []string
 	for _, t := range strings.Split(*types, ",") {
@@ -87,16 +94,20 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 		return fail(2, "%v", err)
 	}
 	defer func() { _ = log.Sync() }()
+	opts := reconcile.Options{
+		Source: *source, Since: *since, Settle: *settle, Types: typeList, UndeliveredOnly: *undelivered,
+		DryRun: *dryRun, PublishTimeout: 10 * time.Second, Logger: log.Named("reconcile"),
+	}
+	if *checkOnly {
+		return checkReconcileConfig(opts, *dbURL, *amqpURL, stdout, fail)
+	}
 	db, err := pgxpool.New(ctx, *dbURL)
 	if err != nil {
 		return fail(2, "DATABASE_URL: %v", err)
 	}
 	defer db.Close()
-	opts := reconcile.Options{
-		Source: *source, DB: db, Since: *since, Settle: *settle, Types: typeList, UndeliveredOnly: *undelivered,
-		DryRun: *dryRun, PublishTimeout: 10 * time.Second, Logger: log.Named("reconcile"),
-		Log: reconcile.NewStripeLog(reconcile.StripeOptions{APIKey: key, URL: *apiURL, Rate: *rate}),
-	}
+	opts.DB = db
+	opts.Log = reconcile.NewStripeLog(reconcile.StripeOptions{APIKey: key, URL: *apiURL, Rate: *rate})
 	if !*dryRun {
 		conn, err := broker.Dialer{URL: *amqpURL, Name: "eventsctl reconcile"}.Dial()
 		if err != nil {
@@ -128,6 +139,29 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 		return fail(1, "%v (the next run resumes run %d)", err, rep.RunID)
 	}
 	return 0
+}
+
+// checkReconcileConfig is -check-config: every check a run makes before it
+// calls a service, and the URLs parsed as the clients would parse them.
+func checkReconcileConfig(opts reconcile.Options, dbURL, amqpURL string, stdout io.Writer, fail func(int, string, ...any) int) int {
+	if err := opts.CheckSettings(); err != nil {
+		return fail(2, "%v", err)
+	}
+	if _, err := pgxpool.ParseConfig(dbURL); err != nil {
+		return fail(2, "DATABASE_URL: %v", err)
+	}
+	if !opts.DryRun {
+		if _, err := amqp.ParseURI(amqpURL); err != nil {
+			return fail(2, "AMQP_URL: %v", err)
+		}
+	}
+	fmt.Fprintln(stdout, "eventsctl reconcile: configuration ok")
+	return 0
+}
+
+func isHTTPURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != ""
 }
 
 func printReconcileReport(w io.Writer, r reconcile.Report, done bool) {
