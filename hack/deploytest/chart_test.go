@@ -152,6 +152,7 @@ func checkRendering(t *testing.T, r *rendering, apis []string) {
 	checkNotes(t, r)
 	checkAdmin(t, r)
 	checkWebhookSources(t, r)
+	checkReconcile(t, r)
 }
 
 func checkNamesAndLabels(t *testing.T, r *rendering) {
@@ -193,6 +194,8 @@ func podTemplate(o object) (*corev1.PodTemplateSpec, *metav1.LabelSelector) {
 		return &w.Spec.Template, w.Spec.Selector
 	case *batchv1.Job:
 		return &w.Spec.Template, nil
+	case *batchv1.CronJob:
+		return &w.Spec.JobTemplate.Spec.Template, nil
 	}
 	return nil, nil
 }
@@ -376,6 +379,9 @@ func externalSecretNames(r *rendering) map[string]bool {
 		}
 	}
 	if n, _ := dig(r.values, "worker", "autoscaling", "keda", "managementUrlSecret", "name").(string); n != "" {
+		out[n] = true
+	}
+	if n, _ := dig(r.values, "reconcile", "stripe", "existingSecret").(string); n != "" {
 		out[n] = true
 	}
 	return out

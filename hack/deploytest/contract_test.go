@@ -20,10 +20,11 @@ import (
 )
 
 // The chart/binary contract: every container of the release that runs one of
-// the service's binaries gets an environment that binary accepts. The strict
-// render, the schema and the API server's dry run check the chart's shape,
-// not what the binaries make of the values (a boolean DUPLICATE_CHECK passed
-// all three and crash-looped the receiver on a default install).
+// the service's binaries gets an environment (and arguments) that binary
+// accepts. The strict render, the schema and the API server's dry run check
+// the chart's shape, not what the binaries make of the values (a boolean
+// DUPLICATE_CHECK passed all three and crash-looped the receiver on a default
+// install).
 
 // imageEntrypoint is the Dockerfile's ENTRYPOINT: what a container of the
 // image runs when it sets no command.
@@ -36,12 +37,24 @@ var imageEnv = map[string]string{
 }
 
 // checkedBinaries are the binaries with --check-config, by their path in
-// the image. eventsctl, which the helm test runs, is a client without it.
+// the image.
 var checkedBinaries = map[string]string{
 	"/usr/local/bin/receiver": "receiver",
 	"/usr/local/bin/worker":   "worker",
 	"/usr/local/bin/migrate":  "migrate",
 }
+
+// eventsctlPath is the operator CLI in the image. Of its commands, those in
+// checkedCommands have -check-config, which takes the command's own flags:
+// such a container is checked with its arguments as well as its
+// environment. The others (send and verify, which the helm test runs) are
+// clients without it.
+const eventsctlPath = "/usr/local/bin/eventsctl"
+
+var checkedCommands = map[string]bool{"reconcile": true}
+
+// builtBinaries are the cmd/ packages the contract test builds.
+var builtBinaries = []string{"eventsctl", "migrate", "receiver", "worker"}
 
 // userSecretStandIns stand in for the Secrets the values say the user manages
 // (existingSecret), by the variable that reads them: values of the shape
@@ -53,6 +66,7 @@ var userSecretStandIns = map[string]string{
 	"DATABASE_URL":    "postgres://app:stand-in-password@db.example.internal:5432/idempotent_events?sslmode=require",
 	"WEBHOOK_SECRETS": "whsec_stand_in_signing_secret",
 	"ADMIN_TOKEN":     "stand-in-admin-token-0123456789",
+	"STRIPE_API_KEY":  "rk_live_stand_in_restricted_key",
 }
 
 // standInPod is the pod a resolved fieldRef reads from.
@@ -65,62 +79,41 @@ var standInPod = map[string]string{
 	"status.podIPs":  "10.244.1.17",
 }
 
-// TestChartEnvironmentPassesCheckConfig renders the default values and every
-// ci/*-values.yaml scenario, resolves the environment of each container that
-// runs receiver, worker or migrate as the kubelet would, and runs that binary
-// (built from this tree) with --check-config in exactly that environment.
+// TestChartEnvironmentPassesCheckConfig renders the default values (also
+// with the reconcile CronJob on) and every scenario, resolves the
+// environment of each container that runs receiver, worker, migrate or
+// `eventsctl reconcile` as the kubelet would, and runs that binary (built
+// from this tree) with --check-config in exactly that environment; for
+// `eventsctl reconcile`, with the container's arguments too, so its flags
+// are parsed and checked as a run would.
 func TestChartEnvironmentPassesCheckConfig(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds receiver, worker and migrate; skipped with -short")
+		t.Skip("builds receiver, worker, migrate and eventsctl; skipped with -short")
 	}
 	bin := buildCheckedBinaries(t)
-	files := []string{""}
-	for _, s := range scenarios(t) {
-		files = append(files, s.file)
+	type variant struct {
+		name string
+		opts renderOpts
 	}
-	for _, f := range files {
-		name := "values.yaml"
-		var vf []string
-		if f != "" {
-			name, vf = filepath.Base(f), []string{f}
-		}
-		t.Run(name, func(t *testing.T) {
-			r, err := renderChart(renderOpts{valueFiles: vf, apis: []string{apiMonitoring, apiKEDA}})
+	variants := []variant{{"values.yaml", renderOpts{}}, {"values.yaml+reconcile", renderOpts{set: reconcileOn}}}
+	for _, s := range scenarios(t) {
+		variants = append(variants, variant{filepath.Base(s.file), renderOpts{valueFiles: []string{s.file}}})
+	}
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			v.opts.apis = []string{apiMonitoring, apiKEDA}
+			r, err := renderChart(v.opts)
 			if err != nil {
 				t.Fatalf("render: %v", err)
 			}
-			ran := map[string]int{}
-			for _, o := range r.objects {
-				tpl, _ := podTemplate(o)
-				if tpl == nil {
-					continue
-				}
-				for _, c := range append(slices.Clone(tpl.Spec.InitContainers), tpl.Spec.Containers...) {
-					b, ok, err := binaryOf(r, c)
-					if err != nil {
-						t.Errorf("%s container %s: %v", o, c.Name, err)
-					}
-					if !ok {
-						continue
-					}
-					where := fmt.Sprintf("%s container %s (%s, values %s)", o, c.Name, b, name)
-					env, err := containerEnv(r, tpl, c)
-					if err != nil {
-						t.Errorf("%s: the kubelet would not start it: %v", where, err)
-						continue
-					}
-					ran[b]++
-					code, stderr := checkConfig(t, filepath.Join(bin, b), env)
-					if code != 0 {
-						t.Errorf("%s: %s --check-config exited %d with the environment the chart gives it (%s):\n%s",
-							where, b, code, strings.Join(sortedKeys(env), " "), stderr)
-					}
-				}
-			}
+			ran := runCheckConfig(t, r, bin, v.name)
 			t.Logf("--check-config passed for %v", ran)
 			want := []string{"receiver", "worker"}
 			if dig(r.values, "migration", "enabled") == true {
 				want = append(want, "migrate")
+			}
+			if dig(r.values, "reconcile", "enabled") == true {
+				want = append(want, "eventsctl reconcile")
 			}
 			for _, b := range want {
 				if ran[b] == 0 {
@@ -131,8 +124,72 @@ func TestChartEnvironmentPassesCheckConfig(t *testing.T) {
 	}
 }
 
-// buildCheckedBinaries builds receiver, worker and migrate from the service
-// module at the repository root into a temporary directory.
+// TestReconcileContractCatchesWhatTheSchemaCannot: a window beyond Stripe's
+// 30 days is a valid duration to the schema; eventsctl refuses it, and the
+// contract check says so before any cluster runs the CronJob.
+func TestReconcileContractCatchesWhatTheSchemaCannot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries; skipped with -short")
+	}
+	bin := buildCheckedBinaries(t)
+	r, err := renderChart(renderOpts{set: mergeMaps(reconcileOn, map[string]any{"reconcile": map[string]any{"since": "800h"}})})
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	o := r.mustFind(t, "CronJob", fullname+"-reconcile")
+	tpl, _ := podTemplate(o)
+	c := container(t, o, &tpl.Spec, "reconcile")
+	env, err := containerEnv(r, tpl, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, argv, _, err := binaryOf(r, c, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, stderr := checkConfig(t, filepath.Join(bin, strings.Fields(b)[0]), argv, env)
+	if code != 2 || !strings.Contains(stderr, "Since") {
+		t.Errorf("eventsctl reconcile -since=800h -check-config: exit %d, stderr %q; want 2 naming Since", code, stderr)
+	}
+}
+
+// runCheckConfig runs the check of every container of r that runs a checked
+// binary, reports the failures, and counts the checks by binary.
+func runCheckConfig(t *testing.T, r *rendering, bin, values string) map[string]int {
+	t.Helper()
+	ran := map[string]int{}
+	for _, o := range r.objects {
+		tpl, _ := podTemplate(o)
+		if tpl == nil {
+			continue
+		}
+		for _, c := range append(slices.Clone(tpl.Spec.InitContainers), tpl.Spec.Containers...) {
+			env, envErr := containerEnv(r, tpl, c)
+			b, argv, ok, err := binaryOf(r, c, env)
+			if err != nil {
+				t.Errorf("%s container %s: %v", o, c.Name, err)
+			}
+			if !ok {
+				continue
+			}
+			where := fmt.Sprintf("%s container %s (%s, values %s)", o, c.Name, b, values)
+			if envErr != nil {
+				t.Errorf("%s: the kubelet would not start it: %v", where, envErr)
+				continue
+			}
+			ran[b]++
+			code, stderr := checkConfig(t, filepath.Join(bin, strings.Fields(b)[0]), argv, env)
+			if code != 0 {
+				t.Errorf("%s: %s %s exited %d with the arguments and environment the chart gives it (%s):\n%s",
+					where, strings.Fields(b)[0], strings.Join(argv, " "), code, strings.Join(sortedKeys(env), " "), stderr)
+			}
+		}
+	}
+	return ran
+}
+
+// buildCheckedBinaries builds builtBinaries from the service module at the
+// repository root into a temporary directory.
 func buildCheckedBinaries(t *testing.T) string {
 	t.Helper()
 	root, err := filepath.Abs(repoRoot)
@@ -141,8 +198,8 @@ func buildCheckedBinaries(t *testing.T) string {
 	}
 	dir := t.TempDir()
 	args := []string{"build", "-o", dir + string(filepath.Separator)}
-	for _, b := range sortedKeys(checkedBinaries) {
-		args = append(args, "./cmd/"+checkedBinaries[b])
+	for _, b := range builtBinaries {
+		args = append(args, "./cmd/"+b)
 	}
 	build := exec.Command("go", args...)
 	build.Dir = root
@@ -150,29 +207,43 @@ func buildCheckedBinaries(t *testing.T) string {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	t.Logf("built %d binaries in %s", len(checkedBinaries), time.Since(start).Round(time.Millisecond))
+	t.Logf("built %d binaries in %s", len(builtBinaries), time.Since(start).Round(time.Millisecond))
 	return dir
 }
 
-// binaryOf tells which of the checked binaries container c runs: the first
-// word of its command, or the image's entrypoint without one. Containers of
-// other images (the bundled services') and eventsctl are not checked; a
-// command the image does not have is an error.
-func binaryOf(r *rendering, c corev1.Container) (string, bool, error) {
+// binaryOf tells which checked binary container c runs, and the arguments
+// of its check: the first word of its command, or the image's entrypoint
+// without one, with --check-config; for an eventsctl command with
+// -check-config, the command's arguments (command and args, $(VAR) expanded
+// from env as the kubelet does) and then -check-config. Containers of other
+// images (the bundled services') and eventsctl's other commands are not
+// checked; a command the image does not have is an error.
+func binaryOf(r *rendering, c corev1.Container, env map[string]string) (string, []string, bool, error) {
 	if c.Image != expectedImage(r) {
-		return "", false, nil
+		return "", nil, false, nil
 	}
 	exe := imageEntrypoint
 	if len(c.Command) > 0 {
 		exe = c.Command[0]
 	}
 	if b, ok := checkedBinaries[exe]; ok {
-		return b, true, nil
+		return b, []string{"--check-config"}, true, nil
 	}
-	if exe == "/usr/local/bin/eventsctl" {
-		return "", false, nil
+	if exe != eventsctlPath {
+		return "", nil, false, fmt.Errorf("runs %q, which is not a binary of the image", exe)
 	}
-	return "", false, fmt.Errorf("runs %q, which is not a binary of the image", exe)
+	var argv []string
+	if len(c.Command) > 1 {
+		argv = append(argv, c.Command[1:]...)
+	}
+	argv = append(argv, c.Args...)
+	if len(argv) == 0 || !checkedCommands[argv[0]] {
+		return "", nil, false, nil
+	}
+	for i, a := range argv {
+		argv[i] = expand(a, env)
+	}
+	return "eventsctl " + argv[0], append(argv, "-check-config"), true, nil
 }
 
 // containerEnv resolves the environment of container c as the kubelet does:
@@ -372,9 +443,9 @@ func expand(s string, defined map[string]string) string {
 	return b.String()
 }
 
-// checkConfig runs bin --check-config with the image's environment under env
-// and nothing else, and returns its exit status and stderr.
-func checkConfig(t *testing.T, bin string, env map[string]string) (int, string) {
+// checkConfig runs bin with argv (its check) with the image's environment
+// under env and nothing else, and returns its exit status and stderr.
+func checkConfig(t *testing.T, bin string, argv []string, env map[string]string) (int, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -385,7 +456,7 @@ func checkConfig(t *testing.T, bin string, env map[string]string) (int, string) 
 	for k, v := range env {
 		all[k] = v
 	}
-	cmd := exec.CommandContext(ctx, bin, "--check-config")
+	cmd := exec.CommandContext(ctx, bin, argv...)
 	cmd.Env = []string{}
 	for _, k := range sortedKeys(all) {
 		cmd.Env = append(cmd.Env, k+"="+all[k])

@@ -3,8 +3,11 @@
 //
 //   - the Helm chart renders with the Helm SDK in strict mode (a misspelled
 //     .Values reference fails) for every charts/idempotent-events/ci/*-values.yaml
-//     scenario, with and without the monitoring.coreos.com/v1 and keda.sh/v1alpha1
-//     APIs, passes Helm's lint rules, and values.schema.json rejects bad values;
+//     scenario and every offline-only one in testdata/*-values.yaml (values
+//     make k8s-e2e cannot install, such as the reconcile CronJob's, which needs
+//     a Stripe key), with and without the monitoring.coreos.com/v1 and
+//     keda.sh/v1alpha1 APIs, passes Helm's lint rules, and values.schema.json
+//     rejects bad values;
 //   - every rendered object decodes strictly into its Kubernetes API type
 //     (unknown fields rejected) and has the properties the chart promises
 //     (probes, resources, security context, hooks, autoscaling, selectors);
@@ -20,7 +23,9 @@
 //     each container that runs receiver, worker or migrate gets its
 //     environment resolved as the kubelet would (env, envFrom with prefix,
 //     ConfigMap and Secret references, the downward API) and that binary,
-//     built from this tree, passes --check-config with exactly it.
+//     built from this tree, passes --check-config with exactly it; the
+//     reconcile CronJob's container likewise passes `eventsctl reconcile
+//     -check-config` with its arguments and environment.
 //
 // Run it with hack/check-deploy.sh, which builds the tools it needs first.
 package deploytest

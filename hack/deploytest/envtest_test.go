@@ -114,6 +114,12 @@ func TestAPIServerDryRun(t *testing.T) {
 		variants = append(variants, variant{s.name, renderOpts{valueFiles: []string{s.file}, apis: []string{apiMonitoring, apiKEDA}}})
 	}
 	variants = append(variants, variant{"default-upgrade", renderOpts{upgrade: true}})
+	// A 47-character full name (the longest with which every object of the
+	// default values fits in 63) and the reconcile CronJob, whose name the
+	// API server limits to 52 characters.
+	variants = append(variants, variant{"reconcile-long-name", renderOpts{set: mergeMaps(reconcileOn, map[string]any{
+		"fullnameOverride": strings.Repeat("payments-", 5) + "ab", "networkPolicy": map[string]any{"enabled": true},
+	})}})
 	accepted, skipped := 0, map[string]int{}
 	for _, vr := range variants {
 		t.Run(vr.name, func(t *testing.T) {

@@ -54,9 +54,12 @@ var capsVariants = []struct {
 	{"crds", []string{apiMonitoring, apiKEDA}},
 }
 
-// scenario is one charts/idempotent-events/ci/*-values.yaml file.
+// scenario is one charts/idempotent-events/ci/*-values.yaml file, or one
+// testdata/*-values.yaml file: an offline-only scenario, which make k8s-e2e
+// (it installs every ci/ file) does not install because its cluster lacks
+// something the values need, such as a Stripe account.
 type scenario struct {
-	name string // file name without -values.yaml
+	name string // file name without -values.yaml; "offline-" first for testdata
 	file string
 }
 
@@ -66,10 +69,18 @@ func scenarios(t *testing.T) []scenario {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no ci/*-values.yaml scenarios found (%v)", err)
 	}
+	offline, err := filepath.Glob(filepath.Join("testdata", "*-values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	sort.Strings(files)
-	out := make([]scenario, 0, len(files))
+	sort.Strings(offline)
+	out := make([]scenario, 0, len(files)+len(offline))
 	for _, f := range files {
 		out = append(out, scenario{name: strings.TrimSuffix(filepath.Base(f), "-values.yaml"), file: f})
+	}
+	for _, f := range offline {
+		out = append(out, scenario{name: "offline-" + strings.TrimSuffix(filepath.Base(f), "-values.yaml"), file: f})
 	}
 	return out
 }

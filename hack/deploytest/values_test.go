@@ -2,6 +2,7 @@ package deploytest
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -50,6 +51,16 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		{"webhook source secret with a comma", withSources(map[string]any{"name": "shop", "scheme": "github", "secrets": []any{"a,b"}}), []string{"secrets"}},
 		{"standard source secret not base64", withSources(map[string]any{"name": "shop", "scheme": "standard", "secrets": []any{"whsec_not base64!"}}), []string{"secrets"}},
 		{"adminFrom not a list", map[string]any{"networkPolicy": map[string]any{"adminFrom": "ops"}}, []string{"adminFrom"}},
+		{"Stripe key as a value", withReconcile(map[string]any{"stripe": map[string]any{"existingSecret": "s", "apiKey": "rk_live_x"}}), []string{"apiKey"}},
+		{"more than 20 reconcile types", withReconcile(map[string]any{"types": manyTypes(21)}), []string{"types"}},
+		{"reconcile type with a comma", withReconcile(map[string]any{"types": []any{"charge.succeeded,charge.refunded"}}), []string{"types"}},
+		{"reconcile since not a duration", withReconcile(map[string]any{"since": "3 days"}), []string{"since"}},
+		{"reconcile rate zero", withReconcile(map[string]any{"rate": 0}), []string{"rate"}},
+		{"reconcile rate above Stripe's limit", withReconcile(map[string]any{"rate": 250}), []string{"rate"}},
+		{"reconcile schedule of four fields", withReconcile(map[string]any{"schedule": "17 * * *"}), []string{"schedule"}},
+		{"reconcile API URL without a scheme", withReconcile(map[string]any{"apiURL": "api.stripe.com"}), []string{"apiURL"}},
+		{"reconcile startingDeadlineSeconds under 10", withReconcile(map[string]any{"startingDeadlineSeconds": 5}), []string{"startingDeadlineSeconds"}},
+		{"reconcile undeliveredOnly as a string", withReconcile(map[string]any{"undeliveredOnly": "yes"}), []string{"undeliveredOnly"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -89,6 +100,7 @@ func TestTemplateRejectsInconsistentValues(t *testing.T) {
 		}, []string{apiKEDA}, "managementUrlSecret"},
 		{"admin without a token", map[string]any{"admin": map[string]any{"enabled": true}}, nil, "admin.token"},
 		{"admin on the metrics port", map[string]any{"admin": map[string]any{"enabled": true, "token": "0123456789abcdef", "port": 9091}}, nil, "admin.port must differ"},
+		{"reconcile without a Secret for the Stripe key", withReconcile(map[string]any{"enabled": true}), nil, "reconcile.stripe.existingSecret"},
 		{"webhook source listed twice", withSources(
 			map[string]any{"name": "shop", "scheme": "github", "secrets": []any{"a"}},
 			map[string]any{"name": "shop", "scheme": "standard", "existingSecret": "shop"},
@@ -294,4 +306,18 @@ func withSources(sources ...map[string]any) map[string]any {
 		list[i] = src
 	}
 	return map[string]any{"webhook": map[string]any{"sources": list}}
+}
+
+// withReconcile is the values that set reconcile.* to r.
+func withReconcile(r map[string]any) map[string]any {
+	return map[string]any{"reconcile": r}
+}
+
+// manyTypes is n distinct Stripe-shaped event types.
+func manyTypes(n int) []any {
+	out := make([]any, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("test.event_%d", i)
+	}
+	return out
 }

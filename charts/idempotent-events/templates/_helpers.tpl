@@ -185,6 +185,40 @@ key: ADMIN_TOKEN
 {{- end -}}
 {{- end -}}
 
+{{/*
+Name of the reconcile CronJob: the controller names each Job <cronjob>-<8
+digits>, so the API server allows CronJob names of 52 characters at most.
+*/}}
+{{- define "idempotent-events.reconcile.name" -}}
+{{- printf "%s-reconcile" (include "idempotent-events.fullname" . | trunc 42 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/*
+STRIPE_API_KEY of the reconcile CronJob as a secretKeyRef body: always a
+Secret the user manages (reconcile.stripe.existingSecret); the chart never
+stores the key, so it refuses to render without one.
+*/}}
+{{- define "idempotent-events.reconcile.stripeSecretRef" -}}
+{{- $s := .Values.reconcile.stripe -}}
+{{- if not $s.existingSecret -}}
+{{- fail "reconcile.enabled=true needs reconcile.stripe.existingSecret: a Secret holding STRIPE_API_KEY, a restricted key with read access to Events (the chart never stores the key)" -}}
+{{- end -}}
+name: {{ $s.existingSecret }}
+key: {{ $s.existingSecretKey }}
+{{- end -}}
+
+{{/* TCP port of reconcile.apiURL: its explicit port, else 80 for http and 443 for https. */}}
+{{- define "idempotent-events.reconcile.apiPort" -}}
+{{- $u := urlParse .Values.reconcile.apiURL -}}
+{{- if regexMatch ":[0-9]+$" $u.host -}}
+{{- regexFind "[0-9]+$" $u.host -}}
+{{- else if eq $u.scheme "http" -}}
+80
+{{- else -}}
+443
+{{- end -}}
+{{- end -}}
+
 {{/* True ("true") when the chart's own Secret has at least one key to hold. */}}
 {{- define "idempotent-events.ownSecretNeeded" -}}
 {{- if or (not .Values.webhook.existingSecret)

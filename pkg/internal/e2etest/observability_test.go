@@ -18,6 +18,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/queuestats"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/receiver"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/reconcile"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
 )
@@ -59,6 +60,7 @@ func exported(t *testing.T) map[string]bool {
 	require.NoError(t, err)
 	_, err = queuestats.NewCollector(queuestats.CollectorOptions{Registerer: d, Client: client, Interval: time.Minute})
 	require.NoError(t, err)
+	_ = d.Register(reconcile.NewCollector(nil, nil)) // Describe reads neither
 	_ = d.Register(telemetry.NewRegistry("test"))
 	out := map[string]bool{}
 	for n := range d.names {

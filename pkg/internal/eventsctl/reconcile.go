@@ -7,10 +7,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/logging"
@@ -45,7 +47,8 @@ Enterprise Server (https://HOST/api/v3).
 One run per source at a time. Exit status: 0 done (see the report), 1 a
 failure (Stripe: the next run resumes; GitHub: also when GitHub refused a
 redelivery), 2 bad flags or configuration, 3 another run for the source
-holds the lock.
+holds the lock. With -check-config: 0 or 2, and no service is called (the
+Helm chart's tests run it with the CronJob's arguments and environment).
 
 flags:
 `
@@ -81,6 +84,7 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 	hookID := fs.Int64("hook-id", 0, "GitHub: the webhook's id (the number in its settings page's address)")
 	maxWait := fs.Duration("max-wait", 10*time.Minute, "GitHub: the longest one request waits out a rate limit or retries an outage before the run fails")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	checkOnly := fs.Bool("check-config", false, "check the flags and the environment as a run would, then exit 0 (or 2) without calling the provider, PostgreSQL or RabbitMQ")
 	if err := fs.Parse(args); err != nil {
 		return flagStatus(err)
 	}
@@ -135,11 +139,6 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 		return fail(2, "%v", err)
 	}
 	defer func() { _ = log.Sync() }()
-	db, err := pgxpool.New(ctx, *dbURL)
-	if err != nil {
-		return fail(2, "DATABASE_URL: %v", err)
-	}
-	defer db.Close()
 
 	if *provider == "github" {
 		hook, err := reconcile.NewGitHubHook(reconcile.GitHubHookOptions{
@@ -149,6 +148,14 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 		if err != nil {
 			return fail(2, "%v", err)
 		}
+		if *checkOnly {
+			return checkReconcileConfig(nil, *dbURL, "", stdout, fail)
+		}
+		db, err := pgxpool.New(ctx, *dbURL)
+		if err != nil {
+			return fail(2, "DATABASE_URL: %v", err)
+		}
+		defer db.Close()
 		rep, err := reconcile.RunGitHub(ctx, reconcile.GitHubOptions{
 			Source: *source, Hook: hook, DB: db, Since: *since, DryRun: *dryRun, Logger: log.Named("reconcile"),
 		})
@@ -180,12 +187,24 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 	if *rate == 0 {
 		*rate = 20
 	}
-	opts := reconcile.Options{
-		Source: *source, DB: db, Since: *since, Settle: *settle, Types: typeList, UndeliveredOnly: *undelivered,
-		DryRun: *dryRun, PublishTimeout: 10 * time.Second, Logger: log.Named("reconcile"),
-		Log: reconcile.NewStripeLog(reconcile.StripeOptions{APIKey: env("STRIPE_API_KEY"),
-			URL: orDefault(*apiURL, orDefault(env("STRIPE_API_URL"), reconcile.StripeAPIURL)), Rate: *rate}),
+	stripeURL := orDefault(*apiURL, orDefault(env("STRIPE_API_URL"), reconcile.StripeAPIURL))
+	if !isHTTPURL(stripeURL) {
+		return fail(2, "-api-url (STRIPE_API_URL): want an http(s) URL, got %q", stripeURL)
 	}
+	opts := reconcile.Options{
+		Source: *source, Since: *since, Settle: *settle, Types: typeList, UndeliveredOnly: *undelivered,
+		DryRun: *dryRun, PublishTimeout: 10 * time.Second, Logger: log.Named("reconcile"),
+	}
+	if *checkOnly {
+		return checkReconcileConfig(&opts, *dbURL, *amqpURL, stdout, fail)
+	}
+	db, err := pgxpool.New(ctx, *dbURL)
+	if err != nil {
+		return fail(2, "DATABASE_URL: %v", err)
+	}
+	defer db.Close()
+	opts.DB = db
+	opts.Log = reconcile.NewStripeLog(reconcile.StripeOptions{APIKey: env("STRIPE_API_KEY"), URL: stripeURL, Rate: *rate})
 	if !*dryRun {
 		conn, err := broker.Dialer{URL: *amqpURL, Name: "eventsctl reconcile"}.Dial()
 		if err != nil {
@@ -217,6 +236,34 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 		return fail(1, "%v (the next run resumes run %d)", err, rep.RunID)
 	}
 	return 0
+}
+
+// checkReconcileConfig is -check-config: every check a run makes before it
+// calls a service, and the URLs parsed as the clients would parse them
+// (opts nil: GitHub's, checked by NewGitHubHook already).
+func checkReconcileConfig(opts *reconcile.Options, dbURL, amqpURL string, stdout io.Writer, fail func(int, string, ...any) int) int {
+	if opts != nil {
+		if err := opts.CheckSettings(); err != nil {
+			return fail(2, "%v", err)
+		}
+	}
+	if _, err := pgxpool.ParseConfig(dbURL); err != nil {
+		return fail(2, "DATABASE_URL: %v", err)
+	}
+	if opts != nil && !opts.DryRun {
+		for _, u := range broker.Nodes(amqpURL) {
+			if _, err := amqp.ParseURI(u); err != nil {
+				return fail(2, "AMQP_URL: %v", err)
+			}
+		}
+	}
+	fmt.Fprintln(stdout, "eventsctl reconcile: configuration ok")
+	return 0
+}
+
+func isHTTPURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != ""
 }
 
 // runHeading names a run and how it ended: "run 12 (resumed) finished".

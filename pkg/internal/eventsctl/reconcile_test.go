@@ -93,3 +93,57 @@ func TestReconcileCommand(t *testing.T) {
 	assert.Equal(t, 2, code)
 	assert.Contains(t, errOut, "Since")
 }
+
+// -check-config makes every check a run makes before it calls a service,
+// and calls none: the URLs below point nowhere. The Helm chart's tests run
+// it with the CronJob's arguments and environment.
+func TestReconcileCheckConfig(t *testing.T) {
+	t.Parallel()
+	base := map[string]string{
+		"STRIPE_API_KEY": "rk_test_check",
+		"DATABASE_URL":   "postgres://app:pw@db.invalid:5432/idempotent_events?sslmode=require",
+		"AMQP_URL":       "amqps://app:pw@rabbitmq.invalid:5671/payments",
+	}
+	cases := []struct {
+		name string
+		env  map[string]string // merged over base; "" removes a variable
+		args []string
+		code int
+		want string // in stdout on 0, in stderr otherwise
+	}{
+		{"the chart's defaults", nil, []string{"-since=72h", "-settle=5m", "-rate=20", "-undelivered-only=false"}, 0, "configuration ok"},
+		{"types from the environment", map[string]string{"RECONCILE_TYPES": "payment_intent.succeeded,charge.refunded"}, nil, 0, "configuration ok"},
+		{"window beyond Stripe's 30 days", nil, []string{"-since=800h"}, 2, "Since"},
+		{"settle not inside the window", nil, []string{"-since=1h", "-settle=2h"}, 2, "Settle"},
+		{"21 types", map[string]string{"RECONCILE_TYPES": strings.Repeat("charge.succeeded,", 21)}, nil, 2, "Types"},
+		{"no key", map[string]string{"STRIPE_API_KEY": ""}, nil, 2, "STRIPE_API_KEY"},
+		{"no database", map[string]string{"DATABASE_URL": ""}, nil, 2, "DATABASE_URL"},
+		{"database URL that does not parse", map[string]string{"DATABASE_URL": "postgres://app:pw@db.invalid:notaport/x"}, nil, 2, "DATABASE_URL"},
+		{"AMQP URL that does not parse", map[string]string{"AMQP_URL": "http://rabbitmq.invalid"}, nil, 2, "AMQP_URL"},
+		{"API URL without a scheme", map[string]string{"STRIPE_API_URL": "api.stripe.com"}, nil, 2, "STRIPE_API_URL"},
+		{"negative rate", nil, []string{"-rate=-1"}, 2, "-rate"},
+		{"bad log level", map[string]string{"LOG_LEVEL": "loud"}, nil, 2, "loud"},
+		{"a stray argument", nil, []string{"72h"}, 2, "unexpected argument"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{}
+			for k, v := range base {
+				env[k] = v
+			}
+			for k, v := range c.env {
+				env[k] = v
+			}
+			var stdout, stderr bytes.Buffer
+			args := append(append([]string{"reconcile"}, c.args...), "-check-config")
+			code := eventsctl.Main(context.Background(), args, func(k string) string { return env[k] }, strings.NewReader(""), &stdout, &stderr)
+			require.Equal(t, c.code, code, "stdout %q, stderr %q", stdout.String(), stderr.String())
+			if c.code == 0 {
+				assert.Contains(t, stdout.String(), c.want)
+			} else {
+				assert.Contains(t, stderr.String(), c.want)
+			}
+		})
+	}
+}

@@ -139,15 +139,28 @@ type Options struct {
 
 func (o *Options) validate() error {
 	p := options.Check("reconcile")
-	p.Need(o.Source != "", "Source", "is required")
 	p.Need(o.Log != nil, "Log", "is required")
 	p.Need(o.DB != nil, "DB", "is required")
 	p.Need(o.DryRun || o.Publisher != nil, "Publisher", "is required unless DryRun")
+	o.checkSettings(p)
+	return p.Err()
+}
+
+// CheckSettings reports the settings Run would refuse, leaving out the
+// parts that connect (Log, DB, Publisher): what `eventsctl reconcile
+// -check-config` can know without calling Stripe, PostgreSQL or RabbitMQ.
+func (o Options) CheckSettings() error {
+	p := options.Check("reconcile")
+	o.checkSettings(p)
+	return p.Err()
+}
+
+func (o *Options) checkSettings(p *options.Problems) {
+	p.Need(o.Source != "", "Source", "is required")
 	p.Need(o.Since > 0 && o.Since <= MaxWindow, "Since", "must be more than 0 and at most 720h (Stripe keeps 30 days of events)")
 	p.Need(o.Settle >= 0 && o.Settle < o.Since, "Settle", "must be at least 0 and less than Since")
 	p.Need(len(o.Types) <= 20, "Types", "may name at most 20 event types")
 	p.Need(o.DryRun || o.PublishTimeout > 0, "PublishTimeout", "must be positive")
-	return p.Err()
 }
 
 // Report says what a run did; a resumed run's counts include what it did
