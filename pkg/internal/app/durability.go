@@ -5,12 +5,11 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
-	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
 )
 
 // durabilityInterval is how often the worker reads the ledger database's
@@ -28,24 +27,12 @@ type durability struct {
 	st         *store.Store
 	allowAsync bool
 	log        *zap.Logger
-	mode       *prometheus.GaugeVec
-	allowed    prometheus.Gauge
+	m          *worker.Metrics
 	last       string
 }
 
-func newDurability(cfg config.Worker, st *store.Store, log *zap.Logger, reg prometheus.Registerer) *durability {
-	d := &durability{
-		st: st, allowAsync: cfg.DurabilityAllowAsync, log: log,
-		mode: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: telemetry.Namespace, Subsystem: "worker", Name: "ledger_durability",
-			Help: "1 for the ledger database's replication as the worker last read it: single (no standby), sync, async, standby."}, []string{"mode"}),
-		allowed: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: telemetry.Namespace, Subsystem: "worker", Name: "durability_allow_async",
-			Help: "1 when DURABILITY_ALLOW_ASYNC=true: the worker runs on asynchronous standbys."}),
-	}
-	reg.MustRegister(d.mode, d.allowed)
-	if d.allowAsync {
-		d.allowed.Set(1)
-	}
-	return d
+func newDurability(cfg config.Worker, st *store.Store, log *zap.Logger, m *worker.Metrics) *durability {
+	return &durability{st: st, allowAsync: cfg.DurabilityAllowAsync, log: log, m: m}
 }
 
 // refusal is the configuration error of a worker on a primary with only
@@ -68,8 +55,7 @@ func (d *durability) check(ctx context.Context) (bool, error) {
 	}
 	mode := got.Mode()
 	d.st.SetSynchronous(mode == store.DurabilitySync)
-	d.mode.Reset()
-	d.mode.WithLabelValues(mode).Set(1)
+	d.m.SetDurability(mode, d.allowAsync)
 	if mode != d.last {
 		d.log.Info("ledger durability", zap.String("mode", mode), zap.Int("standbys", got.Standbys),
 			zap.String("synchronous_standby_names", got.SynchronousStandbyNames), zap.String("synchronous_commit", got.SynchronousCommit))

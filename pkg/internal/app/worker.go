@@ -55,7 +55,8 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 		return err
 	}
 	defer st.Close()
-	dur := newDurability(cfg, st, log.Named("durability"), reg)
+	wm := worker.NewMetrics(reg)
+	dur := newDurability(cfg, st, log.Named("durability"), wm)
 	if err := dur.start(ctx); err != nil {
 		return err
 	}
@@ -84,7 +85,7 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 		Effects:         fx,
 		Outbox:          func(tx effects.Tx) effects.Outbox { return outbox.NewBatch(tx) },
 		Logger:          log,
-		Metrics:         worker.NewMetrics(reg),
+		Metrics:         wm,
 	})
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/queuestats"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/receiver"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/reconcile"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/retention"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
 )
@@ -61,6 +62,7 @@ func exported(t *testing.T) map[string]bool {
 	_, err = queuestats.NewCollector(queuestats.CollectorOptions{Registerer: d, Client: client, Interval: time.Minute})
 	require.NoError(t, err)
 	_ = d.Register(reconcile.NewCollector(nil, nil)) // Describe reads neither
+	_ = d.Register(retention.NewCollector(nil, nil))
 	_ = d.Register(telemetry.NewRegistry("test"))
 	out := map[string]bool{}
 	for n := range d.names {

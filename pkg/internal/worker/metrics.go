@@ -25,6 +25,22 @@ type Metrics struct {
 	Broker *broker.ConnMetrics
 	paused prometheus.Gauge
 	pauses prometheus.Counter
+	// durability is the ledger database's replication as last read;
+	// allowAsync says DURABILITY_ALLOW_ASYNC=true.
+	durability *prometheus.GaugeVec
+	allowAsync prometheus.Gauge
+}
+
+// SetDurability exports the ledger's replication mode (single, sync,
+// async, standby) and whether asynchronous standbys are allowed.
+func (m *Metrics) SetDurability(mode string, allowAsync bool) {
+	m.durability.Reset()
+	m.durability.WithLabelValues(mode).Set(1)
+	if allowAsync {
+		m.allowAsync.Set(1)
+	} else {
+		m.allowAsync.Set(0)
+	}
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 3600}
@@ -94,7 +110,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Namespace: telemetry.Namespace, Subsystem: sub, Name: "dependency_pauses_total",
 		Help: "Times consumption was paused because Postgres became unreachable.",
 	})
-	reg.MustRegister(m.paused, m.pauses)
+	m.durability = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: telemetry.Namespace, Subsystem: sub, Name: "ledger_durability",
+		Help: "1 for the ledger database's replication as the worker last read it: single (no standby), sync, async, standby.",
+	}, []string{"mode"})
+	m.allowAsync = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: telemetry.Namespace, Subsystem: sub, Name: "durability_allow_async",
+		Help: "1 when DURABILITY_ALLOW_ASYNC=true: the worker runs on a primary whose standbys are asynchronous.",
+	})
+	reg.MustRegister(m.paused, m.pauses, m.durability, m.allowAsync)
 	reg.MustRegister(m.events, m.duplicates, m.retries, m.deadLetters, m.batchSize, m.batchSeconds, m.txSeconds,
 		m.endToEnd, m.redisLookups, m.redisWrites, m.inFlight, m.ackFailures)
 	m.Broker = broker.NewConnMetrics(reg, sub)
