@@ -51,7 +51,7 @@ var checkedBinaries = map[string]string{
 // clients without it.
 const eventsctlPath = "/usr/local/bin/eventsctl"
 
-var checkedCommands = map[string]bool{"reconcile": true}
+var checkedCommands = map[string]bool{"reconcile": true, "prune": true}
 
 // builtBinaries are the cmd/ packages the contract test builds.
 var builtBinaries = []string{"eventsctl", "migrate", "receiver", "worker"}
@@ -114,6 +114,9 @@ func TestChartEnvironmentPassesCheckConfig(t *testing.T) {
 			}
 			if dig(r.values, "reconcile", "enabled") == true {
 				want = append(want, "eventsctl reconcile")
+			}
+			if dig(r.values, "prune", "enabled") == true {
+				want = append(want, "eventsctl prune")
 			}
 			for _, b := range want {
 				if ran[b] == 0 {

@@ -297,9 +297,6 @@ func TestReconcileOffByDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(r.ofKind("CronJob")); n != 0 {
-		t.Errorf("%d CronJobs rendered by default", n)
-	}
 	if objs := reconcileObjects(r); len(objs) != 0 {
 		t.Errorf("reconcile objects rendered by default: %v", objs)
 	}

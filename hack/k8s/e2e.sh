@@ -18,7 +18,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/lib.sh"
 [[ $(id -u) -eq 0 ]] || die "needs root (containerd, iptables, a bridge)"
-SCENARIOS=("$@"); [[ ${#SCENARIOS[@]} -gt 0 ]] || SCENARIOS=(1 2 3 4 5 6 7)
+SCENARIOS=("$@"); [[ ${#SCENARIOS[@]} -gt 0 ]] || SCENARIOS=(1 2 3 4 5 6 7 8)
 CHART=$ROOT/charts/idempotent-events
 SECRET=whsec_k8s_e2e_only_secret
 RESULTS=()

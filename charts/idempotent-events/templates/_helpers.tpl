@@ -189,6 +189,10 @@ key: ADMIN_TOKEN
 Name of the reconcile CronJob: the controller names each Job <cronjob>-<8
 digits>, so the API server allows CronJob names of 52 characters at most.
 */}}
+{{- define "idempotent-events.prune.name" -}}
+{{- printf "%s-prune" (include "idempotent-events.fullname" . | trunc 46 | trimSuffix "-") -}}
+{{- end -}}
+
 {{- define "idempotent-events.reconcile.name" -}}
 {{- printf "%s-reconcile" (include "idempotent-events.fullname" . | trunc 42 | trimSuffix "-") -}}
 {{- end -}}

@@ -26,7 +26,9 @@ any reconcile window (at least 7d; eventsctl reconcile refuses a window
 longer than the latest prune's ledger retention).
 
 Exit status: 0 done, 1 a failure (what was deleted stays deleted; run it
-again), 2 bad flags or configuration.
+again), 2 bad flags or configuration. With -check-config: 0 or 2, and the
+database is not called (the Helm chart's tests run it with the CronJob's
+arguments and environment).
 
 flags:
 `
@@ -45,6 +47,7 @@ func pruneCmd(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	dryRun := fs.Bool("dry-run", false, "count what would be deleted, delete nothing")
 	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL URL of the ledger ($DATABASE_URL)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	checkOnly := fs.Bool("check-config", false, "check the flags and the environment as a run would, then exit 0 (or 2) without calling PostgreSQL")
 	if err := fs.Parse(args); err != nil {
 		return flagStatus(err)
 	}
@@ -71,13 +74,24 @@ func pruneCmd(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		return fail(2, "%v", err)
 	}
 	defer func() { _ = log.Sync() }()
+	opts := retention.Options{Ledger: keepLedger, Audit: keepAudit, Batch: *batch, Pause: *pause, DryRun: *dryRun, Logger: log.Named("prune")}
+	if *checkOnly {
+		if err := opts.CheckSettings(); err != nil {
+			return fail(2, "%v", err)
+		}
+		if _, err := pgxpool.ParseConfig(*dbURL); err != nil {
+			return fail(2, "DATABASE_URL: %v", err)
+		}
+		fmt.Fprintln(stdout, "eventsctl prune: configuration ok")
+		return 0
+	}
 	db, err := pgxpool.New(ctx, *dbURL)
 	if err != nil {
 		return fail(2, "DATABASE_URL: %v", err)
 	}
 	defer db.Close()
-	rep, err := retention.Prune(ctx, retention.Options{DB: db, Ledger: keepLedger, Audit: keepAudit, Batch: *batch, Pause: *pause,
-		DryRun: *dryRun, Logger: log.Named("prune")})
+	opts.DB = db
+	rep, err := retention.Prune(ctx, opts)
 	if err != nil && rep.Deleted == nil {
 		return fail(2, "%v", err)
 	}

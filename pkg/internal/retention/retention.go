@@ -71,11 +71,23 @@ type Options struct {
 func (o *Options) validate() error {
 	p := options.Check("retention")
 	p.Need(o.DB != nil, "DB", "is required")
+	o.settings(p)
+	return p.Err()
+}
+
+// CheckSettings reports the settings Prune would refuse, leaving out the
+// database (eventsctl prune -check-config).
+func (o Options) CheckSettings() error {
+	p := options.Check("retention")
+	o.settings(p)
+	return p.Err()
+}
+
+func (o *Options) settings(p *options.Problems) {
 	p.Need(o.Ledger >= MinLedger, "Ledger", "must be at least 7d: a ledger row must outlive the provider's retries and the replay and reconcile windows")
 	p.Need(o.Audit >= MinAudit, "Audit", "must be at least 30d")
 	p.Need(o.Batch >= 1, "Batch", "must be at least 1")
 	p.Need(o.Pause >= 0, "Pause", "must not be negative")
-	return p.Err()
 }
 
 // Report is what a prune deleted (or, dry, would delete), per table.
