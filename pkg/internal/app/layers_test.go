@@ -46,6 +46,8 @@ var testOnly = map[string]bool{
 	"pkg/internal/servicetest": true, "pkg/internal/faulttest": true, "pkg/internal/pipelinetest": true,
 	"pkg/internal/event/eventtest": true, "pkg/internal/harness": true, "pkg/internal/e2etest": true,
 	"pkg/internal/cmd/chaos": true, "pkg/internal/cmd/bench": true, "pkg/internal/cmd/k8sload": true,
+	// A private RabbitMQ cluster whose nodes the chaos suite kills.
+	"pkg/internal/rabbitcluster": true,
 	// The pause container of the one-node cluster make k8s-e2e builds.
 	"hack/k8s/cmd/pause": true,
 	// The public test kit of the effects API.

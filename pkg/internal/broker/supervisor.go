@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -41,10 +42,15 @@ func Nodes(url string) []string {
 	return out
 }
 
-// nextNode rotates the node a dial tries first, so that the clients of a
-// cluster spread over its nodes and a reconnect after a node's loss tries
-// the others first.
-var nextNode atomic.Uint32
+// nextNode rotates the node a dial tries first, so that a reconnect after
+// a node's loss tries the others first. It starts at a random node in
+// every process (firstNode): from 0, every receiver, worker and relay
+// would dial the same node first, and the clients of a cluster would
+// crowd onto it instead of spreading over its nodes.
+var (
+	nextNode  atomic.Uint32
+	firstNode = rand.Uint32()
+)
 
 // Dial opens one connection, to the first node of URL that accepts it,
 // starting from a node that rotates with every call.
@@ -53,7 +59,7 @@ func (d Dialer) Dial() (*amqp.Connection, error) {
 	if len(nodes) == 0 {
 		return nil, errors.New("no AMQP URL")
 	}
-	start := int(nextNode.Add(1))
+	start := int(firstNode + nextNode.Add(1))
 	var errs []error
 	for i := range nodes {
 		conn, err := d.dial(nodes[(start+i)%len(nodes)])

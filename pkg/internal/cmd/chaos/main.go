@@ -34,6 +34,10 @@
 // (harness.StripeEvents) and SIGKILLed once at a random moment, must bring
 // every one of them, and only them, into the ledger.
 //
+// In the rabbit-cluster scenario the pipeline runs on a private three-node
+// RabbitMQ cluster with quorum queues (rabbitcluster); the node leading
+// events.main is SIGKILLed mid-load and restarted, then the next leader.
+//
 //	go run ./pkg/internal/cmd/chaos -events 50000 -dups 3 -duration 60s -pg-outage 60s -flushall   # make chaos
 //	go run ./pkg/internal/cmd/chaos -events 500 -dups 3 -duration 8s -pg-outage 10s                # make chaos-short, part of make test
 package main
@@ -50,7 +54,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
@@ -143,6 +146,10 @@ type scenario struct {
 	// recover, when set, runs once the deliveries settled, against the
 	// provider's record of every event (system.stripe).
 	recover func(ctx context.Context, sys *system, ids []string, rejected map[string]bool, o options) recovery
+	// rabbitCluster runs the pipeline on a private three-node RabbitMQ
+	// cluster with quorum queues (system.cluster) instead of the machine's
+	// broker, its deliveries spread over clusterMinDuration at least.
+	rabbitCluster bool
 }
 
 // recovery is what a scenario's recovery did.
@@ -162,6 +169,7 @@ var scenarios = map[string]scenario{
 	"redis":           {faults: redisFaults},
 	"postgres-cuts":   {faults: postgresCuts},
 	"rabbitmq":        {faults: rabbitFaults},
+	"rabbit-cluster":  {faults: killClusterLeaders, rabbitCluster: true},
 	"latency":         {faults: latency},
 	"postgres-outage": {faults: postgresOutage},
 	"relay-kill":      {faults: relayKill},
@@ -170,7 +178,7 @@ var scenarios = map[string]scenario{
 }
 
 func names() []string {
-	return []string{"baseline", "kill-workers", "kill-receiver", "redis", "postgres-cuts", "rabbitmq", "latency", "postgres-outage",
+	return []string{"baseline", "kill-workers", "kill-receiver", "redis", "postgres-cuts", "rabbitmq", "rabbit-cluster", "latency", "postgres-outage",
 		"relay-kill", "combined", "reconcile"}
 }
 
@@ -188,6 +196,10 @@ type system struct {
 	// stripe is the provider's record of the scenario's events, in the
 	// scenarios with a recovery.
 	stripe *harness.StripeEvents
+	// cluster is the rabbit-cluster scenario's broker.
+	cluster *clusterRun
+	// answers counts the receiver's answers to the deliveries.
+	answers answers
 }
 
 func (s *system) receiverEnv() []string {
@@ -207,7 +219,7 @@ func (s *system) workerEnv() []string {
 }
 
 func (s *system) startReceiver() {
-	p, err := s.stack.Start("receiver", "receiver", s.receiverEnv())
+	p, err := s.stack.Start("receiver", "receiver", append(s.receiverEnv(), s.clusterEnv()...))
 	check(err)
 	s.mu.Lock()
 	s.receiver = p
@@ -218,7 +230,7 @@ func (s *system) startReceiver() {
 // payment effect, an orders row and a confirmation email through the
 // outbox on every succeeded payment; its outbox relay runs in it.
 func (s *system) startWorker(i int) {
-	p, err := s.stack.Start(fmt.Sprintf("worker-%d", i), "orders", s.workerEnv())
+	p, err := s.stack.Start(fmt.Sprintf("worker-%d", i), "orders", append(s.workerEnv(), s.clusterEnv()...))
 	check(err)
 	s.mu.Lock()
 	s.workers[i] = p
@@ -228,9 +240,9 @@ func (s *system) startWorker(i int) {
 // startConsumer starts the examples' confirmations consumer, which writes
 // one sent_emails row per confirmation email.
 func (s *system) startConsumer() {
-	p, err := s.stack.Start("consumer", "confirmations", s.stack.Env(
+	p, err := s.stack.Start("consumer", "confirmations", append(s.stack.Env(
 		"AMQP_URL="+servicetest.ReplaceHost(s.stack.AMQPURL, s.rabbit.Addr()),
-		"DATABASE_URL="+servicetest.ReplaceHost(s.stack.DatabaseURL, s.pg.Addr())))
+		"DATABASE_URL="+servicetest.ReplaceHost(s.stack.DatabaseURL, s.pg.Addr())), s.clusterEnv()...))
 	check(err)
 	s.mu.Lock()
 	s.consumer = p
@@ -302,6 +314,11 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 		*p.dst, err = faulttest.Start(p.target)
 		check(err)
 		defer (*p.dst).Close()
+	}
+	if sc.rabbitCluster {
+		sys.cluster = startCluster(ctx)
+		defer sys.cluster.Close()
+		o.duration = max(o.duration, clusterMinDuration)
 	}
 	sys.startReceiver()
 	for i := range sys.workers {
@@ -416,6 +433,9 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	close(stopRSS)
 	r.events, r.sent, r.faults, r.wall = len(ids), sent, faults, time.Since(start)
 	r.receiverPeak, r.workerPeak = sys.receiverPeak, sys.workerPeak
+	if sys.cluster != nil {
+		r.note = strings.TrimPrefix(r.note+"\n"+sys.cluster.note(r, len(promised), sys.answers.unavailable.Load()), "\n")
+	}
 	return r
 }
 
@@ -462,6 +482,7 @@ func sendAll(ctx context.Context, sys *system, ids []string, bodyOf func(string)
 				for {
 					requests.Add(1)
 					code, _ := s.Send(ctx, body)
+					sys.answers.count(code)
 					if code == 202 || code == 200 {
 						accepted.Store(id, true)
 						if sys.stripe != nil {
@@ -544,7 +565,7 @@ func settle(ctx context.Context, sys *system, name string, ids, promised []strin
 // of them, 5 minutes at most. It returns the ledger and the messages left
 // in the queues and in the DLQ.
 func drain(ctx context.Context, sys *system, want int) (last harness.Ledger, left, dlq int) {
-	conn, err := amqp.Dial(sys.stack.AMQPURL)
+	conn, err := sys.dialBroker()
 	check(err)
 	defer conn.Close()
 	ch, err := conn.Channel()
