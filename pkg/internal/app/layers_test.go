@@ -48,6 +48,8 @@ var testOnly = map[string]bool{
 	"pkg/internal/cmd/chaos": true, "pkg/internal/cmd/bench": true, "pkg/internal/cmd/k8sload": true,
 	// A private RabbitMQ cluster whose nodes the chaos suite kills.
 	"pkg/internal/rabbitcluster": true,
+	// Private PostgreSQL clusters that fail over, for the tests and the chaos suite.
+	"pkg/internal/pgcluster": true,
 	// The pause container of the one-node cluster make k8s-e2e builds.
 	"hack/k8s/cmd/pause": true,
 	// The public test kit of the effects API.
