@@ -24,6 +24,7 @@ type Proxy struct {
 	conns   map[net.Conn]struct{}
 	down    bool
 	latency time.Duration
+	delay   time.Duration
 	closed  bool
 	wg      sync.WaitGroup
 }
@@ -66,6 +67,16 @@ func (p *Proxy) SetDown(down bool) {
 func (p *Proxy) SetLatency(d time.Duration) {
 	p.mu.Lock()
 	p.latency = d
+	p.mu.Unlock()
+}
+
+// SetDelay holds every chunk forwarded in either direction for d before
+// it is written, without slowing the stream down: what is read meanwhile
+// queues behind it, as on a long link. (SetLatency waits d before reading
+// on, as on a slow link.)
+func (p *Proxy) SetDelay(d time.Duration) {
+	p.mu.Lock()
+	p.delay = d
 	p.mu.Unlock()
 }
 
@@ -119,23 +130,45 @@ func (p *Proxy) serve(client net.Conn) {
 	wg.Wait()
 }
 
+// chunk is what one read got, to be written at due.
+type chunk struct {
+	b   []byte
+	due time.Time
+}
+
 // pipe copies src to dst until either side fails, then closes both so the
-// other direction ends too.
+// other direction ends too. A writer takes the chunks in order from a
+// queue and holds each until it is due (SetDelay).
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer func() { _ = dst.Close(); _ = src.Close() }()
+	queue := make(chan chunk, 64)
+	var writer sync.WaitGroup
+	defer writer.Wait()
+	defer close(queue)
+	writer.Go(func() {
+		for c := range queue {
+			if d := time.Until(c.due); d > 0 {
+				time.Sleep(d)
+			}
+			if _, err := dst.Write(c.b); err != nil {
+				_ = src.Close() // ends the reader
+				for range queue {
+				}
+				return
+			}
+		}
+	})
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			delay := p.latency
+			latency, delay := p.latency, p.delay
 			p.mu.Unlock()
-			if delay > 0 {
-				time.Sleep(delay)
+			if latency > 0 {
+				time.Sleep(latency)
 			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
+			queue <- chunk{b: append([]byte(nil), buf[:n]...), due: time.Now().Add(delay)}
 		}
 		if err != nil {
 			return
