@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempotent-events/idempotent-events/pkg/internal/migrate"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/webhook"
 )
@@ -104,6 +105,28 @@ func NewStack(ctx context.Context, binDir, name string) (*Stack, error) {
 	return s, nil
 }
 
+// NewStackOn is NewStack on a database of its own (a private cluster's,
+// say) instead of a schema of the shared one: it creates a vhost and a
+// Redis prefix, and the database if it does not exist, and migrates it.
+func NewStackOn(ctx context.Context, binDir, name, databaseURL string) (*Stack, error) {
+	s := &Stack{BinDir: binDir, RedisURL: servicetest.RedisURL, RedisPrefix: servicetest.Name(name) + ":", DatabaseURL: databaseURL}
+	var err error
+	var drop func()
+	if s.AMQPURL, drop, err = servicetest.NewVHost(name); err != nil {
+		return nil, err
+	}
+	s.drops = append(s.drops, drop)
+	if _, err := migrate.Up(ctx, databaseURL, time.Minute); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	if s.DB, err = pgxpool.New(ctx, s.DatabaseURL); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
 // Close removes everything the stack created.
 func (s *Stack) Close() {
 	if s.DB != nil {
@@ -134,7 +157,7 @@ func (s *Stack) Env(extra ...string) []string {
 func configVar(name string) bool {
 	for _, p := range []string{"AMQP_", "REDIS_", "DATABASE_", "LOG_", "QUEUE_", "RETRY_", "QUORUM_", "DEDUPE_", "HTTP_",
 		"METRICS_", "WEBHOOK_", "INSECURE_", "PUBLISH_", "RECEIVER_", "DUPLICATE_", "SHUTDOWN_", "WORKER_", "DB_",
-		"PROCESS_", "MIGRATE_", "RABBITMQ_", "ADMIN_", "STRIPE_", "RECONCILE_"} {
+		"PROCESS_", "MIGRATE_", "RABBITMQ_", "ADMIN_", "STRIPE_", "RECONCILE_", "DURABILITY_"} {
 		if strings.HasPrefix(name, p) {
 			return true
 		}

@@ -269,11 +269,12 @@ func (c *Cluster) URL(db string) string {
 		RawQuery: "target_session_attrs=read-write&sslmode=disable"}).String()
 }
 
-// SetReplicationLatency delays everything on every replication link by d,
-// each way.
-func (c *Cluster) SetReplicationLatency(d time.Duration) {
+// SetReplicationDelay delays everything on every replication link by d,
+// each way, as a long link between machines would (the stream is not
+// slowed: a standby lags by d, and a synchronous commit waits 2d more).
+func (c *Cluster) SetReplicationDelay(d time.Duration) {
 	for _, n := range c.nodes {
-		n.repl.SetLatency(d)
+		n.repl.SetDelay(d)
 	}
 }
 
@@ -451,6 +452,21 @@ func (c *Cluster) replicationState(ctx context.Context, p, n *Node) (string, err
 	err = conn.QueryRow(ctx, `SELECT coalesce(max(state || '/' || sync_state), '') FROM pg_stat_replication
 		WHERE application_name = $1`, n.Name).Scan(&state)
 	return state, err
+}
+
+// Unreplicated returns how many bytes of WAL the primary has flushed that
+// no standby has flushed yet: the commits a crash of the primary would
+// lose now, unless a synchronous commit is still waiting for them.
+func (c *Cluster) Unreplicated(ctx context.Context) (int64, error) {
+	conn, err := c.Primary().connect(ctx, "postgres")
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	var lag int64
+	err = conn.QueryRow(ctx, `SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_flush_lsn(), max(flush_lsn)), -1)::bigint
+		FROM pg_stat_replication`).Scan(&lag)
+	return lag, err
 }
 
 // connect opens a connection to database db on n itself.

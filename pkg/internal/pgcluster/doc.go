@@ -24,7 +24,8 @@
 //     cut, the kernel would still deliver it after the "crash".
 //   - The replication link is a faulttest proxy in front of each node:
 //     standbys stream from the primary through the primary's proxy, which
-//     can add latency (SetReplicationLatency), a network between machines.
+//     can delay the stream (SetReplicationDelay), a network between
+//     machines.
 //     Clients connect to the nodes' own ports.
 //   - Rejoin rebuilds a dead node as a standby of the current primary with
 //     a fresh pg_basebackup, not pg_rewind: a base backup has no

@@ -81,13 +81,16 @@ func (c *Cluster) command(bin string, args ...string) *exec.Cmd {
 	// No PG* variable of the caller's, and a HOME the nodes' user can read
 	// (libpq looks for ~/.pgpass).
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + c.dir, "LC_ALL=C"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
 	return cmd
 }
 
 // run runs bin to completion and returns what it printed.
 func (c *Cluster) run(ctx context.Context, bin string, args ...string) ([]byte, error) {
 	cmd := c.command(bin, args...)
+	// Its own process group, so a timeout stops what it forked too
+	// (pg_basebackup streams WAL from a child).
+	cmd.SysProcAttr.Setpgid = true
 	var out []byte
 	var err error
 	finished := make(chan struct{})
@@ -112,6 +115,8 @@ func (n *Node) start(ctx context.Context) error {
 		return err
 	}
 	defer logf.Close() // the child has its own descriptor
+	// The postmaster stays in the caller's process group: a Ctrl-C of the
+	// test or chaos run reaches it too, and it shuts down fast.
 	cmd := n.c.command("postgres", "-D", n.dataDir, "-p", strconv.Itoa(n.Port))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {

@@ -38,27 +38,42 @@
 // RabbitMQ cluster with quorum queues (rabbitcluster); the node leading
 // events.main is SIGKILLed mid-load and restarted, then the next leader.
 //
+// The pg-failover scenario, chosen by name (it is not in "all": it runs on
+// a private Postgres cluster instead of the shared one), puts the ledger
+// on a primary and a synchronous standby (pgcluster), reached through a
+// multi-host DATABASE_URL with target_session_attrs=read-write, and fails
+// it over -pg-failovers times while events flow: the primary SIGKILLed,
+// the standby promoted, the old primary rebuilt as the new one's standby.
+// The checks are the same, on the final primary. With -pg-async the
+// standby is asynchronous: the negative control, which loses events.
+//
 //	go run ./pkg/internal/cmd/chaos -events 50000 -dups 3 -duration 60s -pg-outage 60s -flushall   # make chaos
 //	go run ./pkg/internal/cmd/chaos -events 500 -dups 3 -duration 8s -pg-outage 10s                # make chaos-short, part of make test
+//	go run ./pkg/internal/cmd/chaos -scenarios pg-failover -events 20000 -dups 2 -pg-failovers 5     # make chaos, after the above
+//	go run ./pkg/internal/cmd/chaos -scenarios pg-failover -pg-async -repeat 3 -events 2000 -dups 0  # the negative control
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/faulttest"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/harness"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/pgcluster"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
 )
 
@@ -70,6 +85,11 @@ type options struct {
 	pgOutage, duration      time.Duration
 	scenarios               string
 	brokerRestart, flushAll bool
+	repeat                  int
+	// The pg-failover scenario's cluster and schedule.
+	pgAsync                  bool
+	pgFailovers              int
+	pgFailoverEvery, pgDelay time.Duration
 }
 
 func main() {
@@ -82,7 +102,13 @@ func main() {
 	flag.IntVar(&o.combinedConc, "combined-concurrency", 512, "concurrent senders in the combined scenario: under every fault at once most deliveries sit in a sender's retry backoff, so more are in flight, as with a provider")
 	flag.DurationVar(&o.pgOutage, "pg-outage", 60*time.Second, "length of the Postgres outage scenario")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "spread each scenario's deliveries over at least this long, so faults hit them while they flow")
-	flag.StringVar(&o.scenarios, "scenarios", "all", "comma-separated scenarios, or all: "+strings.Join(names(), ","))
+	flag.StringVar(&o.scenarios, "scenarios", "all", "comma-separated scenarios, or all: "+strings.Join(names(), ",")+
+		" (pg-failover, on a private Postgres cluster, only by name)")
+	flag.IntVar(&o.repeat, "repeat", 1, "run each selected scenario this many times")
+	flag.BoolVar(&o.pgAsync, "pg-async", false, "pg-failover with asynchronous replication: the negative control, which must lose events")
+	flag.IntVar(&o.pgFailovers, "pg-failovers", 3, "pg-failover: how many times the primary is SIGKILLed and the standby promoted")
+	flag.DurationVar(&o.pgFailoverEvery, "pg-failover-every", 10*time.Second, "pg-failover: time from the old primary's rejoining as a standby to the next kill")
+	flag.DurationVar(&o.pgDelay, "pg-replication-delay", 2*time.Millisecond, "pg-failover: delay each way on the replication link between the nodes (a long link, not a slow one)")
 	flag.BoolVar(&o.brokerRestart, "broker-restart", true, "restart the real RabbitMQ (rabbitmqctl stop_app/start_app) in the broker and combined scenarios")
 	flag.BoolVar(&o.flushAll, "flushall", false, "use a real FLUSHALL in the redis scenarios (it empties the whole shared Redis); otherwise the run's own keys are deleted")
 	flag.Parse()
@@ -96,6 +122,9 @@ func main() {
 	if o.scenarios != "all" {
 		selected = strings.Split(o.scenarios, ",")
 	}
+	if o.pgAsync && !slices.Contains(selected, "pg-failover") {
+		check(errors.New("-pg-async applies to the pg-failover scenario, which is not selected"))
+	}
 	fmt.Printf("%-16s %8s %8s %7s %9s %5s %7s %4s %4s %5s %6s %9s %8s  %s\n",
 		"scenario", "events", "sent", "faults", "processed", "lost", "doubled", "dlq", "left", "state", "emails", "lost/dbl", "wall",
 		"peak RSS receiver/worker MiB")
@@ -105,14 +134,16 @@ func main() {
 		if !ok {
 			check(fmt.Errorf("unknown scenario %q", name))
 		}
-		r := runScenario(context.Background(), binDir, name, sc, o)
-		fmt.Println(r.line())
-		if r.note != "" {
-			fmt.Println(r.note)
-		}
-		if !r.ok() {
-			failed = true
-			fmt.Println(r.detail)
+		for range o.repeat {
+			r := runScenario(context.Background(), binDir, name, sc, o)
+			fmt.Println(r.line())
+			if r.note != "" {
+				fmt.Println(r.note)
+			}
+			if !r.ok() {
+				failed = true
+				fmt.Println(r.detail)
+			}
 		}
 	}
 	if failed {
@@ -175,6 +206,7 @@ var scenarios = map[string]scenario{
 	"relay-kill":      {faults: relayKill},
 	"combined":        {faults: combined},
 	"reconcile":       {reject: 0.1, recover: reconcileRejected},
+	"pg-failover":     {faults: pgFailover},
 }
 
 func names() []string {
@@ -185,8 +217,19 @@ func names() []string {
 // system is the running pipeline: proxies in front of the services, one
 // receiver and o.workers workers.
 type system struct {
-	stack                    *harness.Stack
-	pg, redis, rabbit        *faulttest.Proxy
+	stack             *harness.Stack
+	pg, redis, rabbit *faulttest.Proxy
+	// dbURL is the workers' and the consumer's DATABASE_URL: the pg proxy
+	// in front of the shared Postgres, or the private cluster's multi-host
+	// URL.
+	dbURL string
+	// pgCluster is pg-failover's private Postgres cluster; asyncLedger
+	// says its standby is asynchronous, which the workers must be told to
+	// accept (DURABILITY_ALLOW_ASYNC).
+	pgCluster   *pgcluster.Cluster
+	asyncLedger bool
+	// faultErr is set when a scenario could not inject its faults.
+	faultErr                 error
 	httpAddr                 string
 	mu                       sync.Mutex
 	receiver                 *harness.Proc
@@ -213,9 +256,9 @@ func (s *system) workerEnv() []string {
 	return s.stack.Env("METRICS_ADDR="+harness.FreeAddr(), "RABBITMQ_MANAGEMENT_URL=off",
 		"AMQP_URL="+servicetest.ReplaceHost(s.stack.AMQPURL, s.rabbit.Addr()),
 		"REDIS_URL="+servicetest.ReplaceHost(s.stack.RedisURL, s.redis.Addr()),
-		"DATABASE_URL="+servicetest.ReplaceHost(s.stack.DatabaseURL, s.pg.Addr()),
+		"DATABASE_URL="+s.dbURL,
 		"RETRY_DELAYS=1s,2s,5s,10s,30s", "PROCESS_TIMEOUT=5s", "PUBLISH_TIMEOUT=3s",
-		"AMQP_RECONNECT_MAX_BACKOFF=2s", "SHUTDOWN_TIMEOUT=5s")
+		"AMQP_RECONNECT_MAX_BACKOFF=2s", "SHUTDOWN_TIMEOUT=5s", fmt.Sprintf("DURABILITY_ALLOW_ASYNC=%t", s.asyncLedger))
 }
 
 func (s *system) startReceiver() {
@@ -242,7 +285,7 @@ func (s *system) startWorker(i int) {
 func (s *system) startConsumer() {
 	p, err := s.stack.Start("consumer", "confirmations", append(s.stack.Env(
 		"AMQP_URL="+servicetest.ReplaceHost(s.stack.AMQPURL, s.rabbit.Addr()),
-		"DATABASE_URL="+servicetest.ReplaceHost(s.stack.DatabaseURL, s.pg.Addr())), s.clusterEnv()...))
+		"DATABASE_URL="+s.dbURL), s.clusterEnv()...))
 	check(err)
 	s.mu.Lock()
 	s.consumer = p
@@ -277,6 +320,7 @@ type result struct {
 	events, sent, faults          int
 	processed, lost, doubled, dlq int
 	left, wrongState              int
+	faultErr                      error
 	emails, emailsLost            int
 	emailsDoubled                 int
 	wall                          time.Duration
@@ -287,7 +331,7 @@ type result struct {
 }
 
 func (r result) ok() bool {
-	return r.lost == 0 && r.doubled == 0 && r.dlq == 0 && r.left == 0 && r.wrongState == 0 && r.processed == r.events &&
+	return r.faultErr == nil && r.lost == 0 && r.doubled == 0 && r.dlq == 0 && r.left == 0 && r.wrongState == 0 && r.processed == r.events &&
 		r.emailsLost == 0 && r.emailsDoubled == 0 && r.recoveryProblems == 0
 }
 
@@ -303,10 +347,8 @@ func (r result) line() string {
 }
 
 func runScenario(ctx context.Context, binDir, name string, sc scenario, o options) result {
-	stack, err := harness.NewStack(ctx, binDir, "ie_chaos")
-	check(err)
-	defer stack.Close()
-	sys := &system{stack: stack, httpAddr: harness.FreeAddr(), workers: make([]*harness.Proc, o.workers)}
+	sys := &system{httpAddr: harness.FreeAddr(), workers: make([]*harness.Proc, o.workers)}
+	var err error
 	for _, p := range []struct {
 		dst    **faulttest.Proxy
 		target string
@@ -320,6 +362,26 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 		defer sys.cluster.Close()
 		o.duration = max(o.duration, clusterMinDuration)
 	}
+	if name == "pg-failover" {
+		// A private primary and standby, reached by the multi-host URL.
+		sys.pgCluster, err = pgcluster.Start(ctx, pgcluster.Options{Async: o.pgAsync})
+		sys.asyncLedger = o.pgAsync
+		check(err)
+		defer sys.pgCluster.Close()
+		sys.pgCluster.SetReplicationDelay(o.pgDelay)
+		sys.dbURL = sys.pgCluster.URL("idempotent_events")
+		sys.stack, err = harness.NewStackOn(ctx, binDir, "ie_chaos", sys.dbURL)
+		check(err)
+		// The kills must land while commits flow: deliveries are spread
+		// over the whole failover schedule at least.
+		o.duration = max(o.duration, time.Duration(o.pgFailovers+1)*o.pgFailoverEvery)
+	} else {
+		sys.stack, err = harness.NewStack(ctx, binDir, "ie_chaos")
+		check(err)
+		sys.dbURL = servicetest.ReplaceHost(sys.stack.DatabaseURL, sys.pg.Addr())
+	}
+	stack := sys.stack
+	defer stack.Close()
 	sys.startReceiver()
 	for i := range sys.workers {
 		sys.startWorker(i)
@@ -403,6 +465,12 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	for _, p := range []*faulttest.Proxy{sys.pg, sys.redis, sys.rabbit} {
 		p.SetLatency(0)
 	}
+	if sys.pgCluster != nil {
+		// Every check reads the final primary itself.
+		stack.DB.Close()
+		stack.DB, err = pgxpool.New(ctx, sys.pgCluster.Primary().URL("idempotent_events"))
+		check(err)
+	}
 	// A 2xx is a promise; after a recovery from the provider's record,
 	// so is every event of that record.
 	var promised []string
@@ -417,6 +485,12 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	r.note, r.recoveryProblems = rec.note, len(rec.problems)
 	for _, p := range rec.problems {
 		r.detail += "  " + p + "\n"
+	}
+	if o.pgAsync && name == "pg-failover" {
+		r.name += "/async"
+	}
+	if r.faultErr = sys.faultErr; r.faultErr != nil {
+		r.detail += fmt.Sprintf("  the faults were not injected: %v\n", r.faultErr)
 	}
 	r.wrongState, err = sys.stack.WrongStates(ctx, payments)
 	check(err)
@@ -781,4 +855,48 @@ func combined(sys *system, stop <-chan struct{}, o options) int {
 	}
 	wg.Wait()
 	return int(total.Load())
+}
+
+// pgFailover fails the ledger over o.pgFailovers times while events flow:
+// the primary is SIGKILLed as a crashed machine (its replication link cut
+// with it), the standby is promoted, and the old primary is rebuilt as the
+// new primary's standby, so that the next failover again has a
+// synchronous standby. The next kill comes 0.5–1.5 × o.pgFailoverEvery
+// after a rejoin. The whole schedule runs even when sending ends first:
+// the workers still commit the backlog.
+func pgFailover(sys *system, _ <-chan struct{}, o options) int {
+	ctx := context.Background()
+	c := sys.pgCluster
+	for i := range o.pgFailovers {
+		time.Sleep(o.pgFailoverEvery/2 + rand.N(o.pgFailoverEvery))
+		// Aim: kill while the primary holds WAL no standby has yet (in
+		// a synchronous cluster, commits still waiting for it), as long
+		// as commits flow at all.
+		unreplicated := int64(-1)
+		for deadline := time.Now().Add(o.pgFailoverEvery); unreplicated <= 0 && time.Now().Before(deadline); {
+			var err error
+			if unreplicated, err = c.Unreplicated(ctx); err != nil {
+				sys.faultErr = fmt.Errorf("failover %d: %w", i+1, err)
+				return i
+			}
+			if unreplicated <= 0 {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		old, next := c.Primary(), c.Standbys()[0]
+		start := time.Now()
+		old.Kill()
+		if err := c.Promote(ctx, next); err != nil {
+			sys.faultErr = fmt.Errorf("failover %d: %w\n%s", i+1, err, c.Logs(20))
+			return i
+		}
+		promoted := time.Since(start)
+		if err := c.Rejoin(ctx, old); err != nil {
+			sys.faultErr = fmt.Errorf("failover %d: %w\n%s", i+1, err, c.Logs(20))
+			return i + 1
+		}
+		fmt.Fprintf(os.Stderr, "pg-failover %d: %s killed with %d bytes of WAL unreplicated, %s promoted after %s, %s a standby again after %s\n",
+			i+1, old.Name, unreplicated, next.Name, promoted.Round(time.Millisecond), old.Name, time.Since(start).Round(time.Millisecond))
+	}
+	return o.pgFailovers
 }
