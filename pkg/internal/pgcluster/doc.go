@@ -17,11 +17,12 @@
 //
 // How failure is modelled:
 //
-//   - Kill is a crashed machine: the postmaster is stopped (so it starts no
-//     new backend), then every process of the node and the postmaster are
-//     SIGKILLed, and the node's replication link is cut, so WAL the node
-//     had sent but a standby had not yet read is gone with it. Without the
-//     cut, the kernel would still deliver it after the "crash".
+//   - Kill is a crashed machine. The crash is the moment the node's
+//     replication link is cut, so WAL the node had sent but a standby had
+//     not yet read is gone with it (without the cut, the kernel would
+//     still deliver it after the "crash"); then the postmaster is stopped
+//     (so it starts no new backend) and every process of the node and the
+//     postmaster are SIGKILLed, within milliseconds.
 //   - The replication link is a faulttest proxy in front of each node:
 //     standbys stream from the primary through the primary's proxy, which
 //     can delay the stream (SetReplicationDelay), a network between

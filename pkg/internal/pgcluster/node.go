@@ -146,10 +146,12 @@ func (n *Node) start(ctx context.Context) error {
 	}
 }
 
-// Kill crashes the node as a machine dies: the postmaster is stopped
-// (SIGSTOP: it forks nothing more), its children and then it are
-// SIGKILLed, and the node's replication link is cut, so WAL it had sent
-// that no standby had read yet is lost with it. It returns once every
+// Kill crashes the node as a machine dies. The crash is the moment its
+// replication link is cut: nothing the node sent that a standby had not
+// read yet, and nothing it sends later, reaches a standby. Then the
+// postmaster is stopped (SIGSTOP: it forks nothing more), and its children
+// and it are SIGKILLed; until they are, clients connected to the node
+// itself are still answered, as across a partition. It returns once every
 // process of the node is gone.
 func (n *Node) Kill() {
 	n.mu.Lock()
@@ -158,6 +160,7 @@ func (n *Node) Kill() {
 	if cmd == nil {
 		return
 	}
+	n.repl.SetDown(true)
 	pm := cmd.Process.Pid
 	_ = syscall.Kill(pm, syscall.SIGSTOP)
 	// Backends make themselves process group leaders (so the postmaster
@@ -168,7 +171,6 @@ func (n *Node) Kill() {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	_ = syscall.Kill(pm, syscall.SIGKILL)
-	n.repl.SetDown(true)
 	<-exited
 	// The children are init's to reap now; wait until they are gone, so
 	// nothing of the node outlives Kill.
@@ -201,8 +203,19 @@ func (n *Node) stop(timeout time.Duration) {
 	}
 }
 
-// childrenOf lists the processes whose parent is pid, from /proc.
+// childrenOf lists the processes whose parent is pid (single-threaded, as
+// the postmaster is): from /proc/pid/task/pid/children in one read, or, on
+// a kernel without it, by reading every process's stat.
 func childrenOf(pid int) []int {
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid)); err == nil {
+		var out []int
+		for _, f := range strings.Fields(string(b)) {
+			if child, err := strconv.Atoi(f); err == nil {
+				out = append(out, child)
+			}
+		}
+		return out
+	}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
