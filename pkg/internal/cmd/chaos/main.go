@@ -49,8 +49,12 @@
 //
 //	go run ./pkg/internal/cmd/chaos -events 50000 -dups 3 -duration 60s -pg-outage 60s -flushall   # make chaos
 //	go run ./pkg/internal/cmd/chaos -events 500 -dups 3 -duration 8s -pg-outage 10s                # make chaos-short, part of make test
-//	go run ./pkg/internal/cmd/chaos -scenarios pg-failover -events 20000 -dups 2 -pg-failovers 5     # make chaos, after the above
-//	go run ./pkg/internal/cmd/chaos -scenarios pg-failover -pg-async -repeat 3 -events 2000 -dups 0  # the negative control
+//	go run ./pkg/internal/cmd/chaos -scenarios pg-failover -events 20000 -dups 0 -duration 60s -pg-failovers 5 -pg-failover-every 10s
+//	go run ./pkg/internal/cmd/chaos -scenarios pg-failover -pg-async -repeat 3 -events 2000 -dups 0 -duration 16s -pg-failovers 3 -pg-failover-every 4s
+//
+// (The first is in make chaos, the second, the negative control, is not.
+// Each event is delivered once: a redelivery would write a row the
+// failover lost again, and hide the loss.)
 package main
 
 import (
