@@ -111,7 +111,7 @@ func main() {
 	flag.IntVar(&o.repeat, "repeat", 1, "run each selected scenario this many times")
 	flag.BoolVar(&o.pgAsync, "pg-async", false, "pg-failover with asynchronous replication: the negative control, which must lose events")
 	flag.IntVar(&o.pgFailovers, "pg-failovers", 3, "pg-failover: how many times the primary is SIGKILLed and the standby promoted")
-	flag.DurationVar(&o.pgFailoverEvery, "pg-failover-every", 10*time.Second, "pg-failover: time from the old primary's rejoining as a standby to the next kill")
+	flag.DurationVar(&o.pgFailoverEvery, "pg-failover-every", 10*time.Second, "pg-failover: mean time from the end of a failover (the old primary a standby again) to the next kill, drawn from 0.5–1.5 times it")
 	flag.DurationVar(&o.pgDelay, "pg-replication-delay", 2*time.Millisecond, "pg-failover: delay each way on the replication link between the nodes (a long link, not a slow one)")
 	flag.BoolVar(&o.brokerRestart, "broker-restart", true, "restart the real RabbitMQ (rabbitmqctl stop_app/start_app) in the broker and combined scenarios")
 	flag.BoolVar(&o.flushAll, "flushall", false, "use a real FLUSHALL in the redis scenarios (it empties the whole shared Redis); otherwise the run's own keys are deleted")
