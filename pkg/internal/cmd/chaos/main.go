@@ -160,8 +160,27 @@ func main() {
 func check(err error) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
+		atExitMu.Lock() // held: a second failing goroutine waits here until the exit
+		for _, f := range atExit {
+			f()
+		}
 		os.Exit(2)
 	}
+}
+
+// atExit is what check must still do before it exits: os.Exit runs no
+// deferred call, and a private Postgres or RabbitMQ cluster would outlive
+// the run.
+var (
+	atExitMu sync.Mutex
+	atExit   []func()
+)
+
+// onExit adds f to what check does before it exits.
+func onExit(f func()) {
+	atExitMu.Lock()
+	defer atExitMu.Unlock()
+	atExit = append(atExit, f)
 }
 
 // faultSource injects faults into a running system until stop is closed
@@ -364,6 +383,7 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	if sc.rabbitCluster {
 		sys.cluster = startCluster(ctx)
 		defer sys.cluster.Close()
+		onExit(sys.cluster.Close)
 		o.duration = max(o.duration, clusterMinDuration)
 	}
 	if name == "pg-failover" {
@@ -372,6 +392,7 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 		sys.asyncLedger = o.pgAsync
 		check(err)
 		defer sys.pgCluster.Close()
+		onExit(sys.pgCluster.Close)
 		sys.pgCluster.SetReplicationDelay(o.pgDelay)
 		sys.dbURL = sys.pgCluster.URL("idempotent_events")
 		sys.stack, err = harness.NewStackOn(ctx, binDir, "ie_chaos", sys.dbURL)
