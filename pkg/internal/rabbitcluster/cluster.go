@@ -19,6 +19,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/backoff"
 )
 
 // ErrNotInstalled is returned by Start on a machine without rabbitmq-server.
@@ -461,7 +463,7 @@ func (c *Cluster) LeaderOf(ctx context.Context, queue string) (int, error) {
 			}
 			err = fmt.Errorf("queue %s: leader %q is not a running node", queue, q.Leader)
 		}
-		if !sleep(ctx, 250*time.Millisecond) {
+		if !backoff.Sleep(ctx, 250*time.Millisecond) {
 			return -1, fmt.Errorf("leader of %s: %w (%w)", queue, ctx.Err(), err)
 		}
 	}
@@ -504,7 +506,7 @@ func (c *Cluster) AwaitMember(ctx context.Context, i int, queue string) error {
 				err = fmt.Errorf("member of %s on %s is at %d of %d", queue, c.nodes[i].name, mine.CommitIndex, target)
 			}
 		}
-		if !sleep(ctx, 250*time.Millisecond) {
+		if !backoff.Sleep(ctx, 250*time.Millisecond) {
 			return fmt.Errorf("await the member on %s: %w (%w)", c.nodes[i].name, ctx.Err(), err)
 		}
 	}
@@ -615,15 +617,4 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
