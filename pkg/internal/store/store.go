@@ -89,10 +89,10 @@ func Open(ctx context.Context, databaseURL string, maxConns int32) (*Store, erro
 }
 
 // SetSynchronous says whether the database has a synchronous standby (see
-// Durability). With one, a batch of duplicates commits a transaction id
-// (pg_current_xact_id: a commit record, no row), so its COMMIT returns only
-// once the standby has the WAL up to there, which holds the original
-// COMMIT of every one of them. Without it, a duplicate could be acked on
+// Durability). With one, a batch of nothing but duplicates touches their
+// ledger rows (last_seen_at), so its COMMIT returns only once the standby
+// has the WAL up to there, which holds the original COMMIT of every one of
+// them. Without it, a duplicate could be acked on
 // the strength of a row the primary committed but never replicated: a
 // failover then loses the event.
 func (s *Store) SetSynchronous(on bool) { s.coverDuplicates.Store(on) }
@@ -258,7 +258,10 @@ func (s *Store) Commit(ctx context.Context, recs []Record, apply Apply) ([]bool,
 			}
 		}
 		if len(fresh) == 0 && s.coverDuplicates.Load() {
-			if _, err := tx.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
+			// A write of the batch's own, so that COMMIT waits for the
+			// standby (a transaction id alone writes no WAL before its
+			// commit record, and Postgres does not wait for that one).
+			if _, err := tx.Exec(ctx, `UPDATE processed_events SET last_seen_at = clock_timestamp() WHERE event_id = ANY($1)`, ids); err != nil {
 				return err
 			}
 		}
