@@ -35,7 +35,7 @@ func vsPrune(ctx context.Context, binDir string, o options) {
 	}
 	before := drain("pa")
 	publishBacklog(ctx, s, "pb", unique, dups)
-	prune, err := s.Start("prune", "eventsctl", s.Env("LOG_LEVEL=error"), "prune", "-ledger-retention", "35d")
+	prune, err := s.Start("prune", "eventsctl", s.Env("LOG_LEVEL=error"), "prune", "-ledger-retention", "35d", "-pause", o.prunePause.String())
 	check(err)
 	started := time.Now()
 	beside, _, _ := drainPattern(ctx, s, "worker", "evt_pb%", unique*(1+dups), unique, splitEnv(o.workerEnv)...)
@@ -58,7 +58,7 @@ func vsPrune(ctx context.Context, binDir string, o options) {
 	check(s.DB.QueryRow(ctx, `SELECT (deleted->>'processed_events')::int FROM prune_runs ORDER BY id DESC LIMIT 1`).Scan(&deleted))
 	after := drain("pc")
 	alone := (before + after) / 2
-	fmt.Printf("prune: %d rows deleted in %s (%.0f rows/s) beside the drain\n", deleted, took.Round(time.Second), float64(deleted)/took.Seconds())
+	fmt.Printf("prune: %d rows deleted in %s (%.0f rows/s, -pause %s) beside the drain\n", deleted, took.Round(time.Second), float64(deleted)/took.Seconds(), o.prunePause)
 	fmt.Printf("  worker deliveries/s alone %.0f and %.0f, beside the prune %.0f (the prune still ran at the drain's end: %v)\n",
 		before, after, beside, stillPruning)
 	fmt.Printf("  beside / alone                       %9.2f        (target >= 0.85)\n", beside/alone)
