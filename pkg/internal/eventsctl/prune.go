@@ -2,7 +2,6 @@ package eventsctl
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -96,9 +95,7 @@ func pruneCmd(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		return fail(2, "%v", err)
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(rep)
+		printJSON(stdout, rep)
 	} else {
 		verb := "deleted"
 		if rep.DryRun {

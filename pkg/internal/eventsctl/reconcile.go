@@ -2,7 +2,6 @@ package eventsctl
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -163,9 +162,7 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 			return fail(3, "%v", err)
 		}
 		if *asJSON {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			_ = enc.Encode(rep)
+			printJSON(stdout, rep)
 		} else {
 			printGitHubReport(stdout, rep, err == nil)
 		}
@@ -226,9 +223,7 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 		return fail(2, "%v", err)
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(rep)
+		printJSON(stdout, rep)
 	} else {
 		printReconcileReport(stdout, rep, err == nil)
 	}

@@ -238,23 +238,23 @@ func listGitHub(ctx context.Context, hook Hook, rep *GitHubReport) ([]*gitHubEve
 	return out, nil
 }
 
-// inLedger returns which of keys the ledger holds.
+// inLedger returns which of keys the ledger holds (both providers' runs).
 func inLedger(ctx context.Context, db *pgxpool.Pool, keys []string) (map[string]bool, error) {
 	present := map[string]bool{}
 	for chunk := range slices.Chunk(keys, 1000) {
 		rows, err := db.Query(ctx, `SELECT event_id FROM processed_events WHERE event_id = ANY($1)`, chunk)
 		if err != nil {
-			return nil, fmt.Errorf("reconcile github: look up the ledger: %w", err)
+			return nil, fmt.Errorf("reconcile: look up the ledger: %w", err)
 		}
 		var key string
 		if _, err := pgx.ForEachRow(rows, []any{&key}, func() error { present[key] = true; return nil }); err != nil {
-			return nil, fmt.Errorf("reconcile github: look up the ledger: %w", err)
+			return nil, fmt.Errorf("reconcile: look up the ledger: %w", err)
 		}
 	}
 	return present, nil
 }
 
-// lockSource takes the source's run lock (the one Run takes) on a
+// lockSource takes the source's run lock (Run's and RunGitHub's) on a
 // connection of its own and returns the function that releases it, or
 // ErrLocked.
 func lockSource(ctx context.Context, db *pgxpool.Pool, source string) (func(), error) {

@@ -205,26 +205,11 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	conn, err := o.DB.Acquire(ctx)
+	release, err := lockSource(ctx, o.DB, o.Source)
 	if err != nil {
-		return Report{}, fmt.Errorf("reconcile: %w", err)
+		return Report{}, err
 	}
-	defer conn.Release()
-	var locked bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1 || current_schema(), 0))`, lockName(o.Source)).Scan(&locked); err != nil {
-		return Report{}, fmt.Errorf("reconcile: take the lock: %w", err)
-	}
-	if !locked {
-		return Report{}, ErrLocked
-	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(uctx, `SELECT pg_advisory_unlock(hashtextextended($1 || current_schema(), 0))`, lockName(o.Source)); err != nil {
-			// A lock that cannot be released goes with its session.
-			conn.Conn().Close(uctx)
-		}
-	}()
+	defer release()
 
 	keep, pruned, err := retention.LedgerRetention(ctx, o.DB)
 	if err != nil {
@@ -379,14 +364,9 @@ func (r *run) missing(ctx context.Context, evs []ProviderEvent) ([]ProviderEvent
 	for i, e := range evs {
 		keys[i] = event.Key(r.o.Source, e.ID)
 	}
-	present := map[string]bool{}
-	rows, err := r.o.DB.Query(ctx, `SELECT event_id FROM processed_events WHERE event_id = ANY($1)`, keys)
+	present, err := inLedger(ctx, r.o.DB, keys)
 	if err != nil {
-		return nil, fmt.Errorf("reconcile: look up the ledger: %w", err)
-	}
-	var key string
-	if _, err := pgx.ForEachRow(rows, []any{&key}, func() error { present[key] = true; return nil }); err != nil {
-		return nil, fmt.Errorf("reconcile: look up the ledger: %w", err)
+		return nil, err
 	}
 	var out []ProviderEvent
 	for i, e := range evs {
