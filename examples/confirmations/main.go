@@ -43,7 +43,7 @@ func run(ctx context.Context) error {
 	c, err := consumer.New(ctx, consumer.Options{
 		Name: "confirmations", AMQPURL: env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		Queue: env("CONFIRMATIONS_QUEUE", "confirmation-emails"), RoutingKeys: []string{"email.confirmation"},
-		DB: db, Handler: sendEmail,
+		DB: db, BatchHandler: sendEmails,
 	})
 	if err != nil {
 		return err
@@ -51,10 +51,17 @@ func run(ctx context.Context) error {
 	return c.Run(ctx)
 }
 
-// sendEmail records the email in the message's transaction.
-func sendEmail(ctx context.Context, m consumer.Message, tx effects.Tx) error {
-	_, err := tx.Exec(ctx, `INSERT INTO sent_emails (message_id, payment_intent_id, event_id) VALUES ($1, $2, $3)`,
-		m.ID, m.ObjectID, m.EventID)
+// sendEmails records the batch's emails in its transaction, one statement
+// for them all.
+func sendEmails(ctx context.Context, msgs []consumer.Message, tx effects.Tx) error {
+	ids, intents, events := make([]string, len(msgs)), make([]string, len(msgs)), make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i], intents[i], events[i] = m.ID, m.ObjectID, m.EventID
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO sent_emails (message_id, payment_intent_id, event_id)
+		SELECT message_id, payment_intent_id, event_id
+		FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS m(message_id, payment_intent_id, event_id, n) ORDER BY n`,
+		ids, intents, events)
 	return err
 }
 

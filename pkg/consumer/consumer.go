@@ -2,9 +2,9 @@
 // messages idempotent-events' outbox relay publishes, with the same ledger
 // pattern the worker uses: a message's effect is written in one
 // transaction with a row keyed on its MessageId (the outbox's idempotency
-// key), and the message is acked only after COMMIT. The messages already
-// delivered are taken a batch at a time, one transaction each, handled in
-// their order.
+// key), and the message is acked only after COMMIT. Messages are taken a
+// batch at a time (up to BatchSize, waiting at most BatchWait after the
+// first for more to arrive), one transaction each, handled in their order.
 //
 //   - A redelivery (the relay published it again after dying before it
 //     marked the row, or the consumer died before its ack) finds the row and
@@ -56,6 +56,12 @@ type Message struct {
 // Handler does a message's effect in tx, the transaction of its ledger row.
 type Handler func(ctx context.Context, m Message, tx effects.Tx) error
 
+// BatchHandler does the effects of several messages in tx, the transaction
+// of their ledger rows: one statement for a batch instead of one per
+// message. msgs are the batch's new messages (duplicates already dropped),
+// in their order.
+type BatchHandler func(ctx context.Context, msgs []Message, tx effects.Tx) error
+
 // Options configures a Consumer.
 type Options struct {
 	// Name names the consumer: its ledger rows are keyed (Name, message
@@ -72,13 +78,21 @@ type Options struct {
 	Quorum bool
 	// DB is the consumer's own database; the ledger table
 	// ie_consumed_messages is created there if missing.
-	DB      *pgxpool.Pool
-	Handler Handler
+	DB *pgxpool.Pool
+	// Handler, or BatchHandler (exactly one of them), does the effects.
+	Handler      Handler
+	BatchHandler BatchHandler
 	// Prefetch bounds the unacked messages (64 when zero).
 	Prefetch int
-	// BatchSize is how many messages one transaction takes at most, of
-	// those already delivered (32 when zero).
+	// BatchSize is how many messages one transaction takes at most (32
+	// when zero).
 	BatchSize int
+	// BatchWait is how long a batch waits after its first message for
+	// more, while it has fewer than BatchSize: under a steady stream a
+	// transaction then takes many messages, not one, and the consumer
+	// keeps up; an idle queue's message waits this long at most (5ms when
+	// zero; negative: take only the messages already delivered).
+	BatchWait time.Duration
 	// RetryDelay is how long a failed message waits before it is given
 	// back to the queue (1s when zero).
 	RetryDelay time.Duration
@@ -93,7 +107,7 @@ func (o *Options) validate() error {
 	need(o.Queue != "", "Queue", "is required")
 	need(len(o.RoutingKeys) > 0, "RoutingKeys", "must name at least one key")
 	need(o.DB != nil, "DB", "is required")
-	need(o.Handler != nil, "Handler", "is required")
+	need((o.Handler != nil) != (o.BatchHandler != nil), "Handler", "or BatchHandler is required, not both")
 	need(o.Prefetch >= 0, "Prefetch", "must not be negative")
 	need(o.BatchSize >= 0, "BatchSize", "must not be negative")
 	if err := p.Err(); err != nil {
@@ -104,6 +118,20 @@ func (o *Options) validate() error {
 	}
 	if o.BatchSize == 0 {
 		o.BatchSize = 32
+	}
+	if o.BatchWait == 0 {
+		o.BatchWait = 5 * time.Millisecond
+	}
+	if o.Handler != nil {
+		h := o.Handler
+		o.BatchHandler = func(ctx context.Context, msgs []Message, tx effects.Tx) error {
+			for _, m := range msgs {
+				if err := h(ctx, m, tx); err != nil {
+					return fmt.Errorf("message %s: %w", m.ID, err)
+				}
+			}
+			return nil
+		}
 	}
 	if o.RetryDelay <= 0 {
 		o.RetryDelay = time.Second
@@ -191,25 +219,52 @@ func (c *Consumer) serve(ctx context.Context, conn *amqp.Connection) error {
 			}
 			batch = append(batch, d)
 		}
-		// Take whatever else is already here, without waiting for more.
-	more:
-		for len(batch) < c.opts.BatchSize {
-			select {
-			case d, ok := <-deliveries:
-				if !ok {
-					break more
-				}
-				batch = append(batch, d)
-			default:
-				break more
-			}
-		}
+		batch = c.fill(ctx, batch, deliveries)
 		if err := c.handle(work, batch); err != nil {
 			c.log.Warn("messages not handled; they and the later ones come again", zap.String("first_message_id", batch[0].MessageId), zap.Error(err))
 			backoff.Sleep(ctx, c.opts.RetryDelay)
 			return fmt.Errorf("handle %s…: %w", batch[0].MessageId, err)
 		}
 	}
+}
+
+// fill adds to batch the deliveries that arrive within BatchWait of its
+// first, up to BatchSize; it stops early when ctx ends or deliveries
+// closes (the loop sees either next).
+func (c *Consumer) fill(ctx context.Context, batch []amqp.Delivery, deliveries <-chan amqp.Delivery) []amqp.Delivery {
+	var deadline <-chan time.Time
+	if c.opts.BatchWait > 0 {
+		t := time.NewTimer(c.opts.BatchWait)
+		defer t.Stop()
+		deadline = t.C
+	}
+	for len(batch) < c.opts.BatchSize {
+		// What is already here is taken first, without waiting.
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, d)
+			continue
+		default:
+		}
+		if deadline == nil {
+			return batch
+		}
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, d)
+		case <-deadline:
+			return batch
+		case <-ctx.Done():
+			return batch
+		}
+	}
+	return batch
 }
 
 // message reads a delivery's message.
@@ -252,34 +307,72 @@ func (c *Consumer) handle(ctx context.Context, batch []amqp.Delivery) error {
 		msgs = append(msgs, m)
 		ids, objects, seqs = append(ids, m.ID), append(objects, m.ObjectID), append(seqs, m.Seq)
 	}
-	err := pgx.BeginFunc(ctx, c.opts.DB, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `INSERT INTO ie_consumed_messages (consumer, message_id, object_id, seq)
-			SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[]) ON CONFLICT DO NOTHING RETURNING message_id`,
-			c.opts.Name, ids, objects, seqs)
-		if err != nil {
-			return err
-		}
-		fresh, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return err
-		}
+	err := c.inTx(ctx, ids, objects, seqs, func(fresh []string, tx effects.Tx) error {
 		isNew := make(map[string]bool, len(fresh))
 		for _, id := range fresh {
 			isNew[id] = true
 		}
+		var todo []Message
 		for _, m := range msgs {
 			if !isNew[m.ID] {
 				continue // consumed before (or twice in this batch): a duplicate
 			}
 			delete(isNew, m.ID)
-			if err := c.opts.Handler(ctx, m, tx); err != nil {
-				return fmt.Errorf("message %s: %w", m.ID, err)
-			}
+			todo = append(todo, m)
 		}
-		return nil
+		if len(todo) == 0 {
+			return nil
+		}
+		return c.opts.BatchHandler(ctx, todo, tx)
 	})
 	if err != nil {
 		return err
 	}
 	return batch[len(batch)-1].Ack(true)
+}
+
+// insertLedger writes a batch's ledger rows and returns the ids it
+// inserted: a message whose row exists was consumed before.
+const insertLedger = `INSERT INTO ie_consumed_messages (consumer, message_id, object_id, seq)
+SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[]) ON CONFLICT DO NOTHING RETURNING message_id`
+
+// inTx runs fn in a transaction whose BEGIN and ledger insert go to
+// Postgres in one round trip; fresh are the ids the insert wrote. It
+// commits when fn returns nil, and rolls back otherwise.
+func (c *Consumer) inTx(ctx context.Context, ids, objects []string, seqs []int64, fn func(fresh []string, tx effects.Tx) error) error {
+	conn, err := c.opts.DB.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(insertLedger, c.opts.Name, ids, objects, seqs)
+	br := conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	var fresh []string
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			fresh, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = fn(fresh, conn)
+	}
+	if err == nil {
+		_, err = conn.Exec(ctx, "COMMIT")
+		if err == nil {
+			return nil
+		}
+	}
+	// The connection may be mid-transaction or broken: roll back what can
+	// be; the pool drops a connection that is not idle afterwards.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, _ = conn.Exec(rctx, "ROLLBACK")
+	return err
 }
