@@ -46,6 +46,7 @@ var testOnly = map[string]bool{
 	"pkg/internal/servicetest": true, "pkg/internal/faulttest": true, "pkg/internal/pipelinetest": true,
 	"pkg/internal/event/eventtest": true, "pkg/internal/harness": true, "pkg/internal/e2etest": true,
 	"pkg/internal/cmd/chaos": true, "pkg/internal/cmd/bench": true, "pkg/internal/cmd/k8sload": true,
+	"pkg/internal/cmd/benchorders": true,
 	// A private RabbitMQ cluster whose nodes the chaos suite kills.
 	"pkg/internal/rabbitcluster": true,
 	// Private PostgreSQL clusters that fail over, for the tests and the chaos suite.

@@ -37,15 +37,18 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/webhook"
 )
 
-// Build compiles the four binaries, and the examples' (the orders worker
-// and the confirmations consumer), into dir with the image's flags.
+// Build compiles the four binaries, the examples' (the orders worker and
+// the confirmations consumer) and the bench's orders worker, into dir with
+// the image's flags.
 func Build(dir string) error { return build(".", dir) }
 
 // build compiles the binaries of the checkout at src into dir.
 func build(src, dir string) error {
 	pkgs := []string{"./cmd/..."}
-	if _, err := os.Stat(filepath.Join(src, "examples")); err == nil {
-		pkgs = append(pkgs, "./examples/...")
+	for _, p := range []string{"examples", "pkg/internal/cmd/benchorders"} {
+		if _, err := os.Stat(filepath.Join(src, p)); err == nil {
+			pkgs = append(pkgs, "./"+p+"/...")
+		}
 	}
 	cmd := exec.Command("go", append([]string{"build", "-trimpath", "-buildvcs=false", "-ldflags", "-s -w", "-o", dir + "/"}, pkgs...)...)
 	cmd.Dir = src

@@ -148,6 +148,14 @@ func (r *Relay) serve(ctx context.Context, conn *amqp.Connection) error {
 	}
 }
 
+// customPlan runs a statement as pgx's unnamed statement, planned by
+// Postgres for the table as it is now, every time: kept prepared, the
+// claim would get a generic plan after five rounds, and one made while the
+// outbox was nearly empty (a new install) can be a sequential scan kept for
+// the connection's life while the published rows of the retention period
+// pile up (the store's statements do the same, for the same reason).
+var customPlan = pgx.QueryExecModeCacheDescribe
+
 // claim selects the rows a round publishes: unpublished, not parked, due,
 // each the lowest unpublished sequence number of its object (a parked row
 // holds its object's later rows back), locked so that other relays skip
@@ -180,7 +188,7 @@ func (r *Relay) round(ctx context.Context, pub *broker.ConfirmChannel) (int, err
 		return 0, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rs, err := tx.Query(ctx, claim, r.opts.BatchSize)
+	rs, err := tx.Query(ctx, claim, customPlan, r.opts.BatchSize)
 	if err != nil {
 		return 0, fmt.Errorf("claim outbox rows: %w", err)
 	}
@@ -224,7 +232,8 @@ func (r *Relay) round(ctx context.Context, pub *broker.ConfirmChannel) (int, err
 		}
 	}
 	if len(ok) > 0 {
-		if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`, ok); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`,
+			customPlan, ok); err != nil {
 			return 0, fmt.Errorf("mark published: %w", err)
 		}
 	}
