@@ -1,10 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -29,6 +32,8 @@ type sentinelRun struct {
 	// marks are the fast path's counters at the start of the faults, at
 	// each kill and at each failover's end.
 	marks []mark
+	// sampler has the counters every 200 ms from the start of the faults.
+	sampler *sampler
 }
 
 // mark is the fast path's counters at one moment of the scenario.
@@ -70,7 +75,6 @@ func (r *sentinelRun) env() []string {
 // key: the pipeline did not use it.
 func killRedisMasters(sys *system, stop <-chan struct{}, o options) int {
 	r := sys.sentinel
-	start := time.Now()
 	deliveries := int64(3 * o.events * (1 + o.dups))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -81,6 +85,8 @@ func killRedisMasters(sys *system, stop <-chan struct{}, o options) int {
 		}
 	}
 	r.mark(sys, "start")
+	start := r.marks[0].at
+	r.sampler = startSampler(sys)
 	kills := 0
 	for k := int64(1); k <= 2; k++ {
 		answered := awaitAnswers(sys, stop, deliveries*k/3)
@@ -104,13 +110,10 @@ func killRedisMasters(sys *system, stop <-chan struct{}, o options) int {
 		check(r.Kill(i))
 		killed := time.Now()
 		kills++
-		rejoined := make(chan struct{})
-		back := watchFastPath(sys, killed, rejoined)
 		failover, err := r.failOver(ctx, sys, k, i, old, killed)
-		close(rejoined)
 		r.notes = append(r.notes, fmt.Sprintf("kill %d: master %s SIGKILLed at %s (%d of %d deliveries answered 2xx) %s, its replica %s",
 			k, old, at.Round(100*time.Millisecond), answered, deliveries, sending, lag),
-			"  "+failover, "  fast path back after the kill: "+<-back)
+			"  "+failover, "  fast path back after the kill: "+comeback(r.sampler.between(killed, time.Now())))
 		if err != nil {
 			sys.faultErr = fmt.Errorf("kill %d: %w\n%s", k, err, r.Logs(15))
 			return kills
@@ -257,57 +260,141 @@ func processName(i int) string {
 	return fmt.Sprintf("worker %d", i)
 }
 
-// watchFastPath follows the processes' counters from a kill until
-// rejoined is closed, and then says, for each, when its fast path first
-// got an answer from Redis again after the kill and when it last failed:
-// how long the failover lasted for the clients, who learn of the new
-// master from the sentinels themselves.
-func watchFastPath(sys *system, killed time.Time, rejoined <-chan struct{}) <-chan string {
-	out := make(chan string, 1)
+// sampler scrapes the processes' fast-path counters every 200 ms, from the
+// start of the faults until stop: when things happened between the marks.
+type sampler struct {
+	mu      sync.Mutex
+	samples []sample
+	quit    chan struct{}
+	done    chan struct{}
+}
+
+// sample is the counters of the receiver and of each worker (readFastPath)
+// at one moment.
+type sample struct {
+	at  time.Time
+	fps []fastPath
+}
+
+func startSampler(sys *system) *sampler {
+	s := &sampler{quit: make(chan struct{}), done: make(chan struct{})}
 	go func() {
-		var prev []fastPath
-		var firstOK, lastErr []time.Duration
+		defer close(s.done)
 		t := time.NewTicker(200 * time.Millisecond)
 		defer t.Stop()
 		for {
-			if cur, err := sys.readFastPath(); err == nil {
-				at := time.Since(killed)
-				if prev == nil {
-					firstOK, lastErr = make([]time.Duration, len(cur)), make([]time.Duration, len(cur))
-				}
-				for p := range min(len(prev), len(cur)) {
-					if cur[p].answered() > prev[p].answered() && firstOK[p] == 0 {
-						firstOK[p] = at
-					}
-					if cur[p].failed() > prev[p].failed() {
-						lastErr[p] = at
-					}
-				}
-				prev = cur
+			if fps, err := sys.readFastPath(); err == nil {
+				s.mu.Lock()
+				s.samples = append(s.samples, sample{at: time.Now(), fps: fps})
+				s.mu.Unlock()
 			}
 			select {
-			case <-rejoined:
-				var parts []string
-				for p := range firstOK {
-					ok, failed := "not seen", "none seen"
-					if firstOK[p] > 0 {
-						ok = firstOK[p].Round(100 * time.Millisecond).String()
-					}
-					if lastErr[p] > 0 {
-						failed = lastErr[p].Round(100 * time.Millisecond).String()
-					}
-					parts = append(parts, fmt.Sprintf("%s answered again at %s (last failure %s)", processName(p), ok, failed))
-				}
-				if prev == nil {
-					parts = append(parts, "not known: no metrics")
-				}
-				out <- strings.Join(parts, ", ")
+			case <-s.quit:
 				return
 			case <-t.C:
 			}
 		}
 	}()
+	return s
+}
+
+// stop ends the sampling and returns every sample.
+func (s *sampler) stop() []sample {
+	close(s.quit)
+	<-s.done
+	return s.samples
+}
+
+// between returns the samples taken from from to to.
+func (s *sampler) between(from, to time.Time) []sample {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []sample
+	for _, x := range s.samples {
+		if !x.at.Before(from) && !x.at.After(to) {
+			out = append(out, x)
+		}
+	}
 	return out
+}
+
+// comeback says, for each process, when its fast path first got an answer
+// from Redis again after a kill and when it last failed, in the samples
+// from the kill to the old master's rejoin: how long the failover lasted
+// for the clients, who learn of the new master from the sentinels.
+func comeback(samples []sample) string {
+	if len(samples) < 2 {
+		return "not known: no metrics"
+	}
+	killed := samples[0].at
+	var parts []string
+	for p := range samples[0].fps {
+		var firstOK, lastErr time.Duration
+		for k := 1; k < len(samples); k++ {
+			prev, cur, at := samples[k-1].fps[p], samples[k].fps[p], samples[k].at.Sub(killed)
+			if cur.answered() > prev.answered() && firstOK == 0 {
+				firstOK = at
+			}
+			if cur.failed() > prev.failed() {
+				lastErr = at
+			}
+		}
+		ok, failed := "not seen", "none seen"
+		if firstOK > 0 {
+			ok = "at " + firstOK.Round(100*time.Millisecond).String()
+		}
+		if lastErr > 0 {
+			failed = lastErr.Round(100 * time.Millisecond).String()
+		}
+		parts = append(parts, fmt.Sprintf("%s answered again %s (last failure %s)", processName(p), ok, failed))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// failureSpells groups the samples in which Redis calls failed into spells
+// (gaps under a second joined), with the errors in each, their times from
+// start: the failovers' spells, and any other (timeouts of a loaded
+// machine).
+func failureSpells(samples []sample, start time.Time) string {
+	type spell struct {
+		from, to time.Duration
+		failed   float64
+	}
+	var spells []spell
+	for k := 1; k < len(samples); k++ {
+		n := sum(samples[k].fps).failed() - sum(samples[k-1].fps).failed()
+		if n <= 0 {
+			continue
+		}
+		from, to := samples[k-1].at.Sub(start), samples[k].at.Sub(start)
+		if last := len(spells) - 1; last >= 0 && from-spells[last].to < time.Second {
+			spells[last].to = to
+			spells[last].failed += n
+			continue
+		}
+		spells = append(spells, spell{from, to, n})
+	}
+	if len(spells) == 0 {
+		return "none"
+	}
+	// The largest eight, in their order.
+	shown := slices.Clone(spells)
+	slices.SortFunc(shown, func(a, b spell) int { return cmp.Compare(b.failed, a.failed) })
+	shown = shown[:min(len(shown), 8)]
+	slices.SortFunc(shown, func(a, b spell) int { return cmp.Compare(a.from, b.from) })
+	var parts []string
+	var rest float64
+	for _, x := range spells {
+		rest += x.failed
+	}
+	for _, x := range shown {
+		parts = append(parts, fmt.Sprintf("%s–%s: %.0f", x.from.Round(100*time.Millisecond), x.to.Round(100*time.Millisecond), x.failed))
+		rest -= x.failed
+	}
+	if len(spells) > len(shown) {
+		parts = append(parts, fmt.Sprintf("and %d smaller spells with %.0f errors", len(spells)-len(shown), rest))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // counterWith is the counter name's series whose label has value, 0 when
@@ -324,12 +411,16 @@ func counterWith(mfs map[string]*dto.MetricFamily, name, label, value string) fl
 }
 
 // note is what the scenario prints under its line: the setup, the kills,
-// and what the fast path counted between them, up to now (the drain is
-// over).
+// what the fast path counted between them up to now (the drain is over),
+// and when the Redis errors came.
 func (r *sentinelRun) note(sys *system) string {
 	lines := append([]string{}, r.notes...)
 	r.mark(sys, "end")
 	end := r.marks
+	var samples []sample
+	if r.sampler != nil {
+		samples = r.sampler.stop()
+	}
 	lines = append(lines, "fast path, per phase: worker lookups hit/miss/error, post-commit writes ok/error, duplicates recognised in redis/the ledger; "+
 		"the receiver's failed Redis checks and duplicates answered from Redis")
 	for k := 1; k < len(end); k++ {
@@ -347,6 +438,7 @@ func (r *sentinelRun) note(sys *system) string {
 			"%.0f of %.0f worker duplicates recognised by the ledger, not Redis",
 			t.lookupErr+t.writeErr+t.recvErr, t.lookupErr, t.writeErr, t.recvErr, t.dupLedger, t.dupLedger+t.dupRedis))
 	}
+	lines = append(lines, "Redis errors, when (from the start of the faults, sampled every 200 ms): "+failureSpells(samples, end[0].at))
 	for i := range lines {
 		lines[i] = "  redis-sentinel: " + lines[i]
 	}
