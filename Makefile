@@ -56,12 +56,12 @@ fuzz: ## Every fuzz target for 3 minutes; fails only on a failing input written 
 	hack/fuzz.sh 3m
 
 .PHONY: chaos-short
-chaos-short: ## Every chaos scenario, small: 500 payments of 2 events x 4 deliveries each, 10 s Postgres outage (about 4 minutes); then pg-failover: 2,000 payments of 3 events, each delivered once, through 3 failovers of a private synchronous Postgres (about 1 minute)
+chaos-short: ## Every chaos scenario, small: 500 payments of 3 events x 4 deliveries each, 10 s Postgres outage (about 4.5 minutes); then pg-failover: 2,000 payments of 3 events, each delivered once, through 3 failovers of a private synchronous Postgres (about 1 minute)
 	$(GO) run ./pkg/internal/cmd/chaos -events 500 -dups 3 -duration 8s -pg-outage 10s
 	$(GO) run ./pkg/internal/cmd/chaos -scenarios pg-failover -events 2000 -dups 0 -duration 16s -pg-failovers 3 -pg-failover-every 4s
 
 .PHONY: chaos
-chaos: services ## The long chaos run: 50,000 payments of 2 events x 4 deliveries per scenario, 60 s Postgres outage, real FLUSHALL; then pg-failover: 20,000 payments of 3 events, each delivered once (a redelivery would repair a lost row), through 5 failovers of a private synchronous Postgres
+chaos: services ## The long chaos run: 50,000 payments of 3 events x 4 deliveries per scenario, 60 s Postgres outage, real FLUSHALL; then pg-failover: 20,000 payments of 3 events, each delivered once (a redelivery would repair a lost row), through 5 failovers of a private synchronous Postgres
 	$(GO) run ./pkg/internal/cmd/chaos -events 50000 -dups 3 -duration 60s -pg-outage 60s -flushall
 	$(GO) run ./pkg/internal/cmd/chaos -scenarios pg-failover -events 20000 -dups 0 -duration 60s -pg-failovers 5 -pg-failover-every 10s
 

@@ -51,6 +51,8 @@ var testOnly = map[string]bool{
 	"pkg/internal/rabbitcluster": true,
 	// Private PostgreSQL clusters that fail over, for the tests and the chaos suite.
 	"pkg/internal/pgcluster": true,
+	// A private Sentinel-managed Redis whose master the chaos suite kills.
+	"pkg/internal/redissentinel": true,
 	// The pause container of the one-node cluster make k8s-e2e builds.
 	"hack/k8s/cmd/pause": true,
 	// The public test kit of the effects API.

@@ -31,6 +31,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/migrate"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
@@ -243,6 +246,20 @@ func (p *Proc) RSS() (cur, peak int64) {
 		}
 	}
 	return cur, peak
+}
+
+// Scrape reads the metric families a process serves on metricsAddr.
+func Scrape(metricsAddr string) (map[string]*dto.MetricFamily, error) {
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s/metrics: %s", metricsAddr, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	return parser.TextToMetricFamilies(resp.Body)
 }
 
 // WaitHTTP polls url until it answers 200 or timeout passes.

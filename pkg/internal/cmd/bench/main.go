@@ -30,8 +30,6 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
@@ -743,7 +741,7 @@ func drainPattern(ctx context.Context, s *harness.Stack, binary, pattern string,
 			emptied = q.Messages == 0
 			continue
 		}
-		if mfs, err := scrape(metricsAddr); err == nil && int(sum(mfs, "idempotent_events_worker_events_total")) >= delivered {
+		if mfs, err := harness.Scrape(metricsAddr); err == nil && int(sum(mfs, "idempotent_events_worker_events_total")) >= delivered {
 			break
 		}
 	}
@@ -769,17 +767,6 @@ func checkDrained(ctx context.Context, s *harness.Stack, ch *amqp.Channel, patte
 	}
 }
 
-// scrape reads the metric families a process serves on metricsAddr.
-func scrape(metricsAddr string) (map[string]*dto.MetricFamily, error) {
-	resp, err := http.Get("http://" + metricsAddr + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	return parser.TextToMetricFamilies(resp.Body)
-}
-
 // sum adds up every series of the counter name.
 func sum(mfs map[string]*dto.MetricFamily, name string) float64 {
 	var total float64
@@ -792,7 +779,7 @@ func sum(mfs map[string]*dto.MetricFamily, name string) float64 {
 // printWorkerShape prints the mean batch size, batch time and transaction
 // time the worker reports, which explain its throughput.
 func printWorkerShape(metricsAddr string) {
-	mfs, err := scrape(metricsAddr)
+	mfs, err := harness.Scrape(metricsAddr)
 	if err != nil {
 		return
 	}

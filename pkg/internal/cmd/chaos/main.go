@@ -38,6 +38,17 @@
 // RabbitMQ cluster with quorum queues (rabbitcluster); the node leading
 // events.main is SIGKILLed mid-load and restarted, then the next leader.
 //
+// In the redis-sentinel scenario the fast path runs on a private
+// Sentinel-managed Redis (redissentinel: a master, its replica, three
+// sentinels), reached through REDIS_URL's failover form. Once a third of
+// the deliveries were answered 2xx the master is SIGKILLed, the sentinels
+// promote the replica, and the old master is restarted and made the new
+// one's replica; once it has caught up (and two thirds were answered), the
+// new master is killed the same way if the deliveries are still flowing.
+// Redis is a hint: the failovers may only cost fast-path misses, which the
+// ledger answers. The scenario's note says how many Redis errors and
+// misses there were, before, during and after each failover.
+//
 // The pg-failover scenario, chosen by name (it is not in "all": it runs on
 // a private Postgres cluster instead of the shared one), puts the ledger
 // on a primary and a synchronous standby (pgcluster), reached through a
@@ -204,6 +215,10 @@ type scenario struct {
 	// cluster with quorum queues (system.cluster) instead of the machine's
 	// broker, its deliveries spread over clusterMinDuration at least.
 	rabbitCluster bool
+	// redisSentinel runs the fast path on a private Sentinel-managed Redis
+	// (system.sentinel) instead of the machine's Redis, its deliveries
+	// spread over sentinelMinDuration at least.
+	redisSentinel bool
 }
 
 // recovery is what a scenario's recovery did.
@@ -221,6 +236,7 @@ var scenarios = map[string]scenario{
 	"kill-workers":    {faults: killWorkers},
 	"kill-receiver":   {faults: killReceiver},
 	"redis":           {faults: redisFaults},
+	"redis-sentinel":  {faults: killRedisMasters, redisSentinel: true},
 	"postgres-cuts":   {faults: postgresCuts},
 	"rabbitmq":        {faults: rabbitFaults},
 	"rabbit-cluster":  {faults: killClusterLeaders, rabbitCluster: true},
@@ -233,8 +249,8 @@ var scenarios = map[string]scenario{
 }
 
 func names() []string {
-	return []string{"baseline", "kill-workers", "kill-receiver", "redis", "postgres-cuts", "rabbitmq", "rabbit-cluster", "latency", "postgres-outage",
-		"relay-kill", "combined", "reconcile"}
+	return []string{"baseline", "kill-workers", "kill-receiver", "redis", "redis-sentinel", "postgres-cuts", "rabbitmq", "rabbit-cluster", "latency",
+		"postgres-outage", "relay-kill", "combined", "reconcile"}
 }
 
 // system is the running pipeline: proxies in front of the services, one
@@ -264,19 +280,24 @@ type system struct {
 	stripe *harness.StripeEvents
 	// cluster is the rabbit-cluster scenario's broker.
 	cluster *clusterRun
+	// sentinel is the redis-sentinel scenario's Redis.
+	sentinel *sentinelRun
+	// receiverMetrics and workerMetrics are the processes' METRICS_ADDR.
+	receiverMetrics string
+	workerMetrics   []string
 	// answers counts the receiver's answers to the deliveries.
 	answers answers
 }
 
-func (s *system) receiverEnv() []string {
-	return s.stack.Env("WEBHOOK_SECRETS=whsec_chaos", "HTTP_ADDR="+s.httpAddr, "METRICS_ADDR="+harness.FreeAddr(),
+func (s *system) receiverEnv(metricsAddr string) []string {
+	return s.stack.Env("WEBHOOK_SECRETS=whsec_chaos", "HTTP_ADDR="+s.httpAddr, "METRICS_ADDR="+metricsAddr,
 		"AMQP_URL="+servicetest.ReplaceHost(s.stack.AMQPURL, s.rabbit.Addr()),
 		"REDIS_URL="+servicetest.ReplaceHost(s.stack.RedisURL, s.redis.Addr()),
 		"PUBLISH_TIMEOUT=3s", "AMQP_RECONNECT_MAX_BACKOFF=2s", "SHUTDOWN_TIMEOUT=5s")
 }
 
-func (s *system) workerEnv() []string {
-	return s.stack.Env("METRICS_ADDR="+harness.FreeAddr(), "RABBITMQ_MANAGEMENT_URL=off",
+func (s *system) workerEnv(metricsAddr string) []string {
+	return s.stack.Env("METRICS_ADDR="+metricsAddr, "RABBITMQ_MANAGEMENT_URL=off",
 		"AMQP_URL="+servicetest.ReplaceHost(s.stack.AMQPURL, s.rabbit.Addr()),
 		"REDIS_URL="+servicetest.ReplaceHost(s.stack.RedisURL, s.redis.Addr()),
 		"DATABASE_URL="+s.dbURL,
@@ -284,11 +305,27 @@ func (s *system) workerEnv() []string {
 		"AMQP_RECONNECT_MAX_BACKOFF=2s", "SHUTDOWN_TIMEOUT=5s", fmt.Sprintf("DURABILITY_ALLOW_ASYNC=%t", s.asyncLedger))
 }
 
+// privateEnv is what every binary gets on top of its usual environment
+// (later entries win) in the scenarios that run a service of their own
+// instead of the machine's: rabbit-cluster's broker, redis-sentinel's
+// Redis. It is empty in the other scenarios.
+func (s *system) privateEnv() []string {
+	var env []string
+	if s.cluster != nil {
+		env = append(env, s.cluster.env()...)
+	}
+	if s.sentinel != nil {
+		env = append(env, s.sentinel.env()...)
+	}
+	return env
+}
+
 func (s *system) startReceiver() {
-	p, err := s.stack.Start("receiver", "receiver", append(s.receiverEnv(), s.clusterEnv()...))
+	metrics := harness.FreeAddr()
+	p, err := s.stack.Start("receiver", "receiver", append(s.receiverEnv(metrics), s.privateEnv()...))
 	check(err)
 	s.mu.Lock()
-	s.receiver = p
+	s.receiver, s.receiverMetrics = p, metrics
 	s.mu.Unlock()
 }
 
@@ -296,10 +333,11 @@ func (s *system) startReceiver() {
 // payment effect, an orders row and a confirmation email through the
 // outbox on every succeeded payment; its outbox relay runs in it.
 func (s *system) startWorker(i int) {
-	p, err := s.stack.Start(fmt.Sprintf("worker-%d", i), "orders", append(s.workerEnv(), s.clusterEnv()...))
+	metrics := harness.FreeAddr()
+	p, err := s.stack.Start(fmt.Sprintf("worker-%d", i), "orders", append(s.workerEnv(metrics), s.privateEnv()...))
 	check(err)
 	s.mu.Lock()
-	s.workers[i] = p
+	s.workers[i], s.workerMetrics[i] = p, metrics
 	s.mu.Unlock()
 }
 
@@ -308,7 +346,7 @@ func (s *system) startWorker(i int) {
 func (s *system) startConsumer() {
 	p, err := s.stack.Start("consumer", "confirmations", append(s.stack.Env(
 		"AMQP_URL="+servicetest.ReplaceHost(s.stack.AMQPURL, s.rabbit.Addr()),
-		"DATABASE_URL="+s.dbURL), s.clusterEnv()...))
+		"DATABASE_URL="+s.dbURL), s.privateEnv()...))
 	check(err)
 	s.mu.Lock()
 	s.consumer = p
@@ -370,7 +408,7 @@ func (r result) line() string {
 }
 
 func runScenario(ctx context.Context, binDir, name string, sc scenario, o options) result {
-	sys := &system{httpAddr: harness.FreeAddr(), workers: make([]*harness.Proc, o.workers)}
+	sys := &system{httpAddr: harness.FreeAddr(), workers: make([]*harness.Proc, o.workers), workerMetrics: make([]string, o.workers)}
 	var err error
 	for _, p := range []struct {
 		dst    **faulttest.Proxy
@@ -385,6 +423,12 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 		defer sys.cluster.Close()
 		onExit(sys.cluster.Close)
 		o.duration = max(o.duration, clusterMinDuration)
+	}
+	if sc.redisSentinel {
+		sys.sentinel = startSentinel(ctx)
+		defer sys.sentinel.Close()
+		onExit(sys.sentinel.Close)
+		o.duration = max(o.duration, sentinelMinDuration)
 	}
 	if name == "pg-failover" {
 		// A private primary and standby, reached by the multi-host URL.
@@ -534,6 +578,9 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	r.receiverPeak, r.workerPeak = sys.receiverPeak, sys.workerPeak
 	if sys.cluster != nil {
 		r.note = strings.TrimPrefix(r.note+"\n"+sys.cluster.note(r, len(promised), sys.answers.unavailable.Load()), "\n")
+	}
+	if sys.sentinel != nil {
+		r.note = strings.TrimPrefix(r.note+"\n"+sys.sentinel.note(sys), "\n")
 	}
 	return r
 }

@@ -36,14 +36,11 @@ func startCluster(ctx context.Context) *clusterRun {
 		c.Node(0), c.Node(1), c.Node(2), c.Port(0), c.Port(1), c.Port(2), time.Since(started).Round(100*time.Millisecond))}}
 }
 
-// clusterEnv is what every binary of the rabbit-cluster scenario gets on
-// top of its usual environment (later entries win): the cluster's nodes as
-// AMQP_URL, and quorum queues. It is empty in the other scenarios.
-func (s *system) clusterEnv() []string {
-	if s.cluster == nil {
-		return nil
-	}
-	return []string{"AMQP_URL=" + s.cluster.AMQPURL(), "QUEUE_TYPE=quorum"}
+// env is what every binary of the rabbit-cluster scenario gets on top of
+// its usual environment (system.privateEnv): the cluster's nodes as
+// AMQP_URL, and quorum queues.
+func (c *clusterRun) env() []string {
+	return []string{"AMQP_URL=" + c.AMQPURL(), "QUEUE_TYPE=quorum"}
 }
 
 // dialBroker connects the checks to the broker the pipeline runs on,
