@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -37,16 +38,26 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer db.Close()
-	if _, err := db.Exec(ctx, createTable); err != nil {
-		return err
-	}
-	c, err := consumer.New(ctx, consumer.Options{
-		Name: "confirmations", AMQPURL: env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-		Queue: env("CONFIRMATIONS_QUEUE", "confirmation-emails"), RoutingKeys: []string{"email.confirmation"},
-		DB: db, BatchHandler: sendEmails,
-	})
-	if err != nil {
-		return err
+	// The tables are created at start; a database that is restarting, or
+	// a connection cut meanwhile, is waited for rather than fatal.
+	var c *consumer.Consumer
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		if _, err = db.Exec(ctx, createTable); err == nil {
+			c, err = consumer.New(ctx, consumer.Options{
+				Name: "confirmations", AMQPURL: env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+				Queue: env("CONFIRMATIONS_QUEUE", "confirmation-emails"), RoutingKeys: []string{"email.confirmation"},
+				DB: db, BatchHandler: sendEmails,
+			})
+		}
+		if err == nil {
+			break
+		}
+		fmt.Fprintf(os.Stderr, "confirmations: start: %v; trying again in %s\n", err, wait)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
 	}
 	return c.Run(ctx)
 }

@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -23,7 +24,7 @@ import (
 
 func main() {
 	if len(os.Args) == 1 { // a start, not --help or --check-config
-		if err := createTables(context.Background(), os.Getenv("DATABASE_URL")); err != nil {
+		if err := createTablesRetrying(os.Getenv("DATABASE_URL"), 2*time.Minute); err != nil {
 			fmt.Fprintln(os.Stderr, "orders: create the orders table:", err)
 			os.Exit(1)
 		}
@@ -46,6 +47,24 @@ func createOrder(ctx context.Context, ev effects.Event, tx effects.Tx, out effec
 		Effect: "confirmation-email", ObjectID: ev.Object.ID, RoutingKey: "email.confirmation",
 		Body: []byte(`{"payment_intent":"` + ev.Object.ID + `"}`),
 	})
+}
+
+// createTablesRetrying runs createTables until it succeeds or for as long
+// as patience: a database that is restarting, or a connection cut while
+// the worker starts, is waited for, as the stock worker waits for its
+// dependencies, instead of ending the process.
+func createTablesRetrying(databaseURL string, patience time.Duration) error {
+	deadline := time.Now().Add(patience)
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := createTables(ctx, databaseURL)
+		cancel()
+		if err == nil || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "orders: create the orders table: %v; trying again in %s\n", err, wait)
+		time.Sleep(wait)
+	}
 }
 
 // createTables is the service's own migration, run at start so that the
