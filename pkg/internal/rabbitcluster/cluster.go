@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
+
 	"github.com/idempotent-events/idempotent-events/pkg/internal/backoff"
 )
 
@@ -108,7 +110,7 @@ func Start(ctx context.Context, n int) (c *Cluster, err error) {
 			c = nil
 		}
 	}()
-	ports, err := freePorts(2 * n)
+	ports, err := servicetest.FreePorts(2 * n)
 	if err != nil {
 		return c, err
 	}
@@ -598,19 +600,6 @@ func jsonPart(out string) string {
 		return out[i:]
 	}
 	return out
-}
-
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		defer ln.Close()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func randomHex(n int) string {

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
 )
 
 // MasterName is the name the sentinels monitor the master under, the
@@ -75,7 +77,7 @@ func Start(ctx context.Context) (s *Setup, err error) {
 			s = nil
 		}
 	}()
-	ports, err := freePorts(5)
+	ports, err := servicetest.FreePorts(5)
 	if err != nil {
 		return s, err
 	}
@@ -314,18 +316,4 @@ func (p *process) logTail(lines int) string {
 		}
 	}
 	return strings.Join(all[max(len(all)-lines, 0):], "\n")
-}
-
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	for range n {
-		// Held open until all are picked, so that no two are the same.
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		defer ln.Close()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }

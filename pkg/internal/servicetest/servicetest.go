@@ -285,6 +285,22 @@ func FreeAddr() string {
 	return ln.Addr().String()
 }
 
+// FreePorts returns n distinct 127.0.0.1 ports that were free a moment
+// ago, for the nodes of a private cluster: each is held open until all are
+// picked, so that no two are the same.
+func FreePorts(n int) ([]int, error) {
+	var ports []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
 // AwaitHTTP polls url until it answers want, or returns an error after
 // timeout.
 func AwaitHTTP(url string, want int, timeout time.Duration) error {
