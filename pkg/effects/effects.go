@@ -57,10 +57,14 @@ type Event struct {
 
 // Tx is the transaction that writes the event's ledger row: everything a
 // handler writes through it commits with that row, or not at all.
+// SendBatch sends several statements in one round trip (pgx's pipeline),
+// still inside the transaction: each statement still sees what the ones
+// before it did, locks included.
 type Tx interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // Message is a message for a downstream service, to publish after COMMIT.

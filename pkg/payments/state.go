@@ -105,17 +105,16 @@ SELECT count(pg_advisory_xact_lock(k)) FROM (
 	SELECT DISTINCT hashtextextended('payments:' || t || ':' || id, 0) AS k
 	FROM unnest($1::text[], $2::text[]) AS o(t, id) ORDER BY 1) s`
 
-// customPlan runs a statement as pgx's unnamed statement, which Postgres
-// plans for the values it is given, every time. A lookup by "= ANY($1)"
-// kept as a prepared statement gets a generic plan after five runs, and on
-// a table that was nearly empty then (a new install, a bench) that plan is
-// a sequential scan, kept for the connection's life while the table grows:
-// seen reading payment_intents row by row, 18 ms a batch at 10,000 rows.
-// Planning each time costs a fraction of a millisecond.
-var customPlan = pgx.QueryExecModeCacheDescribe
 
 // readStates reads the PaymentIntents and Charges asked for, and every
-// charge of those PaymentIntents (a refund total needs them all).
+// charge of those PaymentIntents (a refund total needs them all). It runs
+// with plan_cache_mode force_custom_plan: planned for its values every
+// time. A lookup by "= ANY($1)" kept as a prepared statement gets a
+// generic plan after five runs, and on a table that was nearly empty then
+// (a new install, a bench) that plan is a sequential scan, kept for the
+// connection's life while the table grows: seen reading payment_intents
+// row by row, 18 ms a batch at 10,000 rows. Planning each time costs a
+// fraction of a millisecond.
 const readStates = `
 SELECT 'payment_intent', id, status, status_event_id, status_created, needs_refresh,
 	amount, amount_received, 0, amount_refunded, currency, '', livemode
@@ -265,10 +264,35 @@ func readLocked(ctx context.Context, tx effects.Tx, obs []observation) (map[obje
 			}
 		}
 	}
-	if _, err := tx.Exec(ctx, lockObjects, kinds, ids); err != nil {
+	// One round trip: the read is its own statement after the lock's, so
+	// under READ COMMITTED it sees what the lock waited for. A batch runs
+	// its statements prepared (pgx takes no exec mode per statement), so
+	// the read is planned for its values by plan_cache_mode, set for it
+	// alone (see readStates).
+	b := &pgx.Batch{}
+	b.Queue(lockObjects, kinds, ids)
+	b.Queue("SET LOCAL plan_cache_mode = force_custom_plan")
+	b.Queue(readStates, pis, chs)
+	b.Queue("SET LOCAL plan_cache_mode TO DEFAULT")
+	br := tx.SendBatch(ctx, b)
+	states, err := readStatesOf(br)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("read payment objects: %w", cerr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return states, nil
+}
+
+func readStatesOf(br pgx.BatchResults) (map[objectKey]*objectState, error) {
+	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("lock payment objects: %w", err)
 	}
-	rows, err := tx.Query(ctx, readStates, customPlan, pis, chs)
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("read payment objects: %w", err)
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return nil, fmt.Errorf("read payment objects: %w", err)
 	}
@@ -283,6 +307,9 @@ func readLocked(ctx context.Context, tx effects.Tx, obs []observation) (map[obje
 		return nil
 	})
 	if err != nil {
+		return nil, fmt.Errorf("read payment objects: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("read payment objects: %w", err)
 	}
 	return states, nil

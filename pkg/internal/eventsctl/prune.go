@@ -42,7 +42,7 @@ func pruneCmd(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	ledger := fs.String("ledger-retention", orDefault(env("LEDGER_RETENTION"), "35d"), "keep the ledger, conflicts and reconcile runs this long, e.g. 35d or 840h ($LEDGER_RETENTION; at least 7d)")
 	audit := fs.String("audit-retention", orDefault(env("AUDIT_RETENTION"), "365d"), "keep the DLQ and outbox audit trails this long ($AUDIT_RETENTION; at least 30d)")
 	batch := fs.Int("batch", 5000, "rows one DELETE removes")
-	pause := fs.Duration("pause", 0, "wait between two batches, to leave the database more room")
+	pause := fs.Duration("pause", 250*time.Millisecond, "wait between two batches, to leave the pipeline the database (0 deletes as fast as it can)")
 	dryRun := fs.Bool("dry-run", false, "count what would be deleted, delete nothing")
 	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL URL of the ledger ($DATABASE_URL)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")

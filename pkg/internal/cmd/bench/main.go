@@ -71,7 +71,7 @@ func main() {
 	flag.StringVar(&o.only, "only", "", "run only one phase: raw, main, seed, baseline, outbox, downstream, e2e (for profiling; prints that phase's lines), or prune (the drain beside eventsctl prune on a ledger of -prune-rows; not part of a full run)")
 	flag.StringVar(&o.profileDir, "profile", "", "write 10 s CPU profiles of the receiver and the worker under load to this directory")
 	flag.StringVar(&o.baseline, "baseline", "", "a git revision: also time its worker on the same backlog as ours, in the same run, and print both")
-	flag.DurationVar(&o.prunePause, "prune-pause", 0, "eventsctl prune -pause of the prune phase: the wait between two batches")
+	flag.DurationVar(&o.prunePause, "prune-pause", 250*time.Millisecond, "eventsctl prune -pause of the prune phase: the wait between two batches (eventsctl's default)")
 	flag.IntVar(&o.pruneRows, "prune-rows", 10_000_000, "ledger rows of the prune phase (-only prune), half of them older than the retention")
 	flag.IntVar(&o.baselineEvents, "baseline-events", 30_000, "unique events of the baseline comparison (each sent 1+dups times)")
 	flag.Parse()
