@@ -68,6 +68,12 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 	}
 	defer func() { _ = cache.Close() }()
 
+	relay, err := newRelay(cfg, st.Pool(), log.Named("outbox"), reg)
+	if err != nil {
+		return err
+	}
+	notifier := outbox.NewNotifier(st.Pool(), relay, log.Named("outbox"))
+
 	w, err := worker.New(worker.Options{
 		Dialer:          broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events worker", MaxBackoff: cfg.AMQPReconnectMaxBackoff},
 		Topology:        topology(cfg.Topology),
@@ -83,7 +89,7 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 		Ledger:          st,
 		Cache:           cache,
 		Effects:         fx,
-		Outbox:          func(tx effects.Tx) effects.Outbox { return outbox.NewBatch(tx) },
+		Outbox:          notifier.Outbox,
 		Logger:          log,
 		Metrics:         wm,
 	})
@@ -109,10 +115,6 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 	if err != nil {
 		return err
 	}
-	relay, err := newRelay(cfg, st.Pool(), log.Named("outbox"), reg)
-	if err != nil {
-		return err
-	}
 	if err := reg.Register(reconcile.NewCollector(st.Pool(), log.Named("reconcile"))); err != nil {
 		return err
 	}
@@ -128,6 +130,8 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 	var relayErr error
 	if relay != nil {
 		wg.Go(func() { relayErr = relay.Run(ctx) })
+	} else {
+		wg.Go(func() { notifier.Run(ctx) })
 	}
 	wg.Go(func() { dur.run(ctx, refuse) })
 	wg.Go(func() { metricsErr = metrics.Run(ctx) })

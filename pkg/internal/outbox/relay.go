@@ -93,6 +93,14 @@ func NewRelay(opts Options) (*Relay, error) {
 	return &Relay{opts: opts, log: opts.Logger, wake: make(chan struct{}, 1)}, nil
 }
 
+// Wake makes the relay look for work now rather than at its next poll.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
 // Run relays until ctx is done, reconnecting to the broker whenever the
 // connection is lost, and keeps the gauges and the retention beside it.
 func (r *Relay) Run(ctx context.Context) error {
@@ -330,10 +338,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return err
 		}
-		select {
-		case r.wake <- struct{}{}:
-		default:
-		}
+		r.Wake()
 	}
 }
 

@@ -13,13 +13,14 @@ import (
 // downstream consumers bind their queues to it.
 const Exchange = "effects"
 
-// Channel is the LISTEN/NOTIFY channel an enqueue notifies at COMMIT.
+// Channel is the LISTEN/NOTIFY channel that wakes the relays (see
+// Notifier).
 const Channel = "ie_outbox"
 
 // enqueue writes messages in one statement: each object's next sequence
 // numbers are taken in the order the messages were enqueued (sequences in
-// object order, so two transactions cannot deadlock on them), and the
-// relays are notified at COMMIT.
+// object order, so two transactions cannot deadlock on them). It does not
+// notify: see Notifier.
 const enqueue = `
 WITH m AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bytea[])
@@ -36,7 +37,7 @@ INSERT INTO outbox (idempotency_key, event_id, effect, object_id, seq, exchange,
 SELECT m.key, m.event_id, m.effect, m.object_id,
 	seq.last_seq - counts.n + row_number() OVER (PARTITION BY m.object_id ORDER BY m.ord),
 	m.exchange, m.routing_key, m.headers::jsonb, m.body
-FROM m JOIN seq USING (object_id) JOIN counts USING (object_id), (SELECT pg_notify('` + Channel + `', '')) n
+FROM m JOIN seq USING (object_id) JOIN counts USING (object_id)
 ORDER BY m.ord`
 
 // Key is the idempotency key of the message effect of the event keyed key.
@@ -47,6 +48,8 @@ func Key(eventKey, effect string) string { return eventKey + "/" + effect }
 // COMMIT.
 type Batch struct {
 	tx                                             effects.Tx
+	notifier                                       *Notifier // nil: the relays poll
+	wrote                                          bool
 	keys, events, effects, objects, exchanges, rks []string
 	headers                                        []string
 	bodies                                         [][]byte
@@ -96,8 +99,16 @@ func (b *Batch) Flush(ctx context.Context) error {
 	if _, err := b.tx.Exec(ctx, enqueue, b.keys, b.events, b.effects, b.objects, b.exchanges, b.rks, b.headers, b.bodies); err != nil {
 		return fmt.Errorf("outbox: enqueue %d messages (%s…): %w", len(b.keys), b.keys[0], err)
 	}
-	*b = Batch{tx: b.tx}
+	*b = Batch{tx: b.tx, notifier: b.notifier, wrote: true}
 	return nil
+}
+
+// Committed tells the relays, when Flush wrote messages and the Batch came
+// from a Notifier; the worker calls it after COMMIT.
+func (b *Batch) Committed() {
+	if b.wrote && b.notifier != nil {
+		b.notifier.Committed()
+	}
 }
 
 // Writer is an Outbox that writes each message at once, in tx: for code

@@ -359,12 +359,13 @@ func (w *Worker) commitOnce(ctx context.Context, msgs []*message) (isNew []bool,
 			Attempt:       m.attempt,
 		}
 	}
+	var out effects.Outbox
 	apply := func(ctx context.Context, tx store.Tx, fresh []int) ([]bool, error) {
 		evs := make([]effects.Event, len(fresh))
 		for j, i := range fresh {
 			evs[j] = msgs[i].effectsEvent()
 		}
-		out := w.opts.Outbox(tx)
+		out = w.opts.Outbox(tx)
 		applied, err := w.opts.Effects.Apply(ctx, evs, tx, out)
 		if err == nil {
 			if f, ok := out.(interface{ Flush(context.Context) error }); ok {
@@ -389,6 +390,9 @@ func (w *Worker) commitOnce(ctx context.Context, msgs []*message) (isNew []bool,
 			return nil, permanent(broker.ReasonRejectedByDatabase, err)
 		}
 		return nil, err
+	}
+	if c, ok := out.(interface{ Committed() }); ok {
+		c.Committed() // an outbox that tells the relays after COMMIT
 	}
 	return isNew, nil
 }

@@ -47,8 +47,8 @@ type Options struct {
 	Effects *effects.Registry
 	// Outbox gives the handlers of a transaction the outbox that writes in
 	// it (one with a Flush(ctx) error method is flushed after the handlers,
-	// before COMMIT); effects.NoOutbox when nil (Enqueue fails, the event
-	// is retried).
+	// before COMMIT; one with a Committed() method is told after COMMIT);
+	// effects.NoOutbox when nil (Enqueue fails, the event is retried).
 	Outbox  func(tx effects.Tx) effects.Outbox
 	Logger  *zap.Logger // zap.NewNop() when nil
 	Metrics *Metrics
