@@ -105,7 +105,6 @@ SELECT count(pg_advisory_xact_lock(k)) FROM (
 	SELECT DISTINCT hashtextextended('payments:' || t || ':' || id, 0) AS k
 	FROM unnest($1::text[], $2::text[]) AS o(t, id) ORDER BY 1) s`
 
-
 // readStates reads the PaymentIntents and Charges asked for, and every
 // charge of those PaymentIntents (a refund total needs them all). It runs
 // with plan_cache_mode force_custom_plan: planned for its values every
