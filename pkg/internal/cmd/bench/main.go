@@ -159,6 +159,7 @@ type figures struct {
 	seed, oursSmall                                float64
 	baseline, oursVsBaseline, rBaseline            float64
 	outboxOff, outboxOn, rOutbox                   float64
+	outboxApart, relayAlone, rOutboxApart          float64
 	stockWorker, ordersExample                     float64
 	downP50, downP99, downCommitP50, downCommitP99 float64
 	e2eP50, e2eP99, e2eHTTPP99, e2eAchieved, e2eN  float64
@@ -180,6 +181,7 @@ func (f *figures) ratios() {
 	f.rSeed = div(f.oursSmall, f.seed)
 	f.rBaseline = div(f.oursVsBaseline, f.baseline)
 	f.rOutbox = div(f.outboxOn, f.outboxOff)
+	f.rOutboxApart = div(f.outboxApart, f.outboxOff)
 }
 
 // print prints one run's figures, or with runs the medians of several:
@@ -224,6 +226,8 @@ func (f figures) print(title string, runs ...figures) {
 		fmt.Printf("worker with the outbox on (benchorders: payment state, an orders row per payment, and with the outbox an email message per payment, relay inside)\n")
 		fmt.Printf("  deliveries/s                         %9.0f        (the same worker, outbox off: %.0f/s)\n", f.outboxOn, f.outboxOff)
 		fmt.Printf("  outbox on / off                      %9.2f        (target >= 0.80)%s\n", f.rOutbox, each(func(r figures) float64 { return r.rOutbox }))
+		fmt.Printf("  relay apart: drain with OUTBOX_RELAY=off %5.0f       (then a relay alone published the backlog at %.0f messages/s)\n", f.outboxApart, f.relayAlone)
+		fmt.Printf("  relay apart / off                    %9.2f        (target >= 0.80)%s\n", f.rOutboxApart, each(func(r figures) float64 { return r.rOutboxApart }))
 		fmt.Printf("  stock worker / examples/orders       %9.0f / %.0f deliveries/s (one orders statement per payment)\n", f.stockWorker, f.ordersExample)
 	}
 	if f.downP50 > 0 {
@@ -244,7 +248,7 @@ func median(all []figures) figures {
 			&f.receiverRSS, &f.worker, &f.workerUnique, &f.workerRSS, &f.seed, &f.oursSmall, &f.e2eP50, &f.e2eP99,
 			&f.e2eHTTPP99, &f.e2eAchieved, &f.e2eN, &f.e2eReceiverRSS, &f.e2eWorkerRSS, &f.e2eOffered,
 			&f.rReceiver, &f.rWorker, &f.rSeed, &f.baseline, &f.oursVsBaseline, &f.rBaseline,
-			&f.outboxOff, &f.outboxOn, &f.rOutbox, &f.stockWorker, &f.ordersExample, &f.downP50, &f.downP99, &f.downCommitP50, &f.downCommitP99}
+			&f.outboxOff, &f.outboxOn, &f.rOutbox, &f.outboxApart, &f.relayAlone, &f.rOutboxApart, &f.stockWorker, &f.ordersExample, &f.downP50, &f.downP99, &f.downCommitP50, &f.downCommitP99}
 	}
 	dst := fields(&out)
 	for i := range dst {
@@ -278,7 +282,7 @@ func run(ctx context.Context, binDir string, o options) figures {
 		f.baseline, f.oursVsBaseline = vsBaseline(ctx, binDir, o)
 		return f
 	case "outbox":
-		f.outboxOff, f.outboxOn, f.stockWorker, f.ordersExample = vsOutbox(ctx, binDir, o)
+		f.outboxOff, f.outboxOn, f.outboxApart, f.relayAlone, f.stockWorker, f.ordersExample = vsOutbox(ctx, binDir, o)
 		return f
 	case "downstream":
 		f.downP50, f.downP99, f.downCommitP50, f.downCommitP99 = downstream(ctx, binDir, o)
@@ -302,7 +306,7 @@ func run(ctx context.Context, binDir string, o options) figures {
 	if o.baselineDir != "" {
 		f.baseline, f.oursVsBaseline = vsBaseline(ctx, binDir, o)
 	}
-	f.outboxOff, f.outboxOn, f.stockWorker, f.ordersExample = vsOutbox(ctx, binDir, o)
+	f.outboxOff, f.outboxOn, f.outboxApart, f.relayAlone, f.stockWorker, f.ordersExample = vsOutbox(ctx, binDir, o)
 	f.downP50, f.downP99, f.downCommitP50, f.downCommitP99 = downstream(ctx, binDir, o)
 	f.e2eP50, f.e2eP99, f.e2eHTTPP99, f.e2eAchieved, f.e2eN, f.e2eReceiverRSS, f.e2eWorkerRSS = endToEnd(ctx, binDir, o)
 	f.e2eOffered = float64(o.rate)
@@ -314,15 +318,54 @@ func run(ctx context.Context, binDir string, o options) figures {
 // email message per payment, published by its relay), then, for context,
 // the stock worker and the examples' orders worker, each on a backlog of
 // the same size, one after the other.
-func vsOutbox(ctx context.Context, binDir string, o options) (off, on, stock, example float64) {
+func vsOutbox(ctx context.Context, binDir string, o options) (off, on, apart, relay, stock, example float64) {
 	env := splitEnv(o.workerEnv)
 	off = drainBacklog(ctx, binDir, "benchorders", o.baselineEvents, o.dups, append([]string{"BENCH_OUTBOX=off"}, env...)...)
 	on = drainBacklog(ctx, binDir, "benchorders", o.baselineEvents, o.dups, append([]string{"BENCH_OUTBOX=on"}, env...)...)
+	apart, relay = relayApart(ctx, binDir, o.baselineEvents, o.dups, env)
 	stock = drainBacklog(ctx, binDir, "worker", o.baselineEvents, o.dups, env...)
 	example = drainBacklog(ctx, binDir, "orders", o.baselineEvents, o.dups, env...)
-	fmt.Printf("worker on %d deliveries: outbox off %.0f/s, on %.0f/s; stock worker %.0f/s, examples/orders %.0f/s\n",
-		o.baselineEvents*(1+o.dups), off, on, stock, example)
-	return off, on, stock, example
+	fmt.Printf("worker on %d deliveries: outbox off %.0f/s, on %.0f/s, on with the relay apart %.0f/s (relay alone %.0f messages/s); stock worker %.0f/s, examples/orders %.0f/s\n",
+		o.baselineEvents*(1+o.dups), off, on, apart, relay, stock, example)
+	return off, on, apart, relay, stock, example
+}
+
+// relayApart drains the backlog with the outbox on and the relay switched
+// off in the draining worker (OUTBOX_RELAY=off, as on workers beside a
+// relay of their own): the messages wait in the outbox. Then a worker with
+// its relay on, and nothing left to consume, publishes them alone; it
+// returns the drain's deliveries/s and the relay's messages/s.
+func relayApart(ctx context.Context, binDir string, unique, dups int, env []string) (drain, relay float64) {
+	s := newStack(ctx, binDir)
+	defer s.Close()
+	publishBacklog(ctx, s, "small", unique, dups)
+	drain, _, _ = drainWith(ctx, s, "benchorders", unique*(1+dups), unique, append([]string{"BENCH_OUTBOX=on", "OUTBOX_RELAY=off"}, env...)...)
+	var waiting int
+	check(s.DB.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&waiting))
+	if waiting != unique {
+		check(fmt.Errorf("relay apart: %d messages wait in the outbox after the drain, want %d", waiting, unique))
+	}
+	// The clock starts before the process: its relay may publish before
+	// the worker reports ready, so the start-up counts against the relay.
+	metricsAddr := harness.FreeAddr()
+	start := time.Now()
+	r, err := s.Start("relay", "benchorders", s.Env(append([]string{"METRICS_ADDR=" + metricsAddr, "BENCH_OUTBOX=on"}, env...)...))
+	check(err)
+	defer r.Term(30 * time.Second)
+	for ; ; time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 10*time.Minute {
+			check(fmt.Errorf("relay apart: the relay did not publish %d messages in 10 minutes\nlog:\n%s", unique, r.Log()))
+		}
+		if mfs, err := harness.Scrape(metricsAddr); err == nil && int(sum(mfs, "idempotent_events_outbox_published_total")) >= unique {
+			break
+		}
+	}
+	relay = float64(unique) / time.Since(start).Seconds()
+	check(s.DB.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&waiting))
+	if waiting != 0 {
+		check(fmt.Errorf("relay apart: %d messages unpublished after the relay counted %d", waiting, unique))
+	}
+	return drain, relay
 }
 
 // downstream offers o.rate events/s for o.rateFor to the receiver, with the
