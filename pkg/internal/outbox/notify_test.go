@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -73,10 +72,10 @@ func TestANotifierWakesTheRelaysAfterCommit(t *testing.T) {
 			}))
 			// A NOTIFY before the relay's LISTEN is in place is lost:
 			// commits go on telling it until one is heard.
-			require.Eventually(t, func() bool {
+			require.Eventuallyf(t, func() bool {
 				b.Committed()
 				return published("evt_nf_second/e")
-			}, 30*time.Second, 50*time.Millisecond, fmt.Sprintf("woken %s", c.name))
+			}, 30*time.Second, 50*time.Millisecond, "woken: %s", c.name)
 			require.Eventually(t, func() bool { return e.count(`SELECT count(DISTINCT id) FROM received`) == 2 }, 30*time.Second, 50*time.Millisecond)
 		})
 	}
