@@ -6,13 +6,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
-	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 )
 
@@ -34,19 +31,12 @@ func TestANotifierWakesTheRelaysAfterCommit(t *testing.T) {
 			// The first message is there before the relay starts: its first
 			// round publishes it, then it waits for the next poll (an hour).
 			e.enqueue("evt_nf_first", "e", "")
-			opts := outbox.Options{
-				Pool:      e.pool,
-				Dialer:    broker.Dialer{URL: e.amqpURL, Name: t.Name(), MaxBackoff: 100 * time.Millisecond, DialTimeout: time.Second},
-				BatchSize: 10, PollInterval: time.Hour, PublishTimeout: 5 * time.Second,
-				MaxAttempts: 3, MaxBackoff: 200 * time.Millisecond, Retention: time.Hour,
-				Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), Metrics: outbox.NewMetrics(prometheus.NewRegistry()),
+			opts := e.relayOptions(e.amqpURL, 10)
+			opts.PollInterval = time.Hour
+			if c.local {
+				opts.DatabaseURL = "" // no LISTEN: only a Wake gets it going
 			}
-			if !c.local {
-				opts.DatabaseURL = e.dbURL // LISTENs
-			}
-			r, err := outbox.NewRelay(opts)
-			require.NoError(t, err)
-			e.run(r.Run)
+			r := e.relayWith(opts)
 			published := func(key string) bool {
 				return e.count(`SELECT count(*) FROM outbox WHERE idempotency_key = $1 AND published_at IS NOT NULL`, key) == 1
 			}

@@ -59,19 +59,33 @@ func (e *env) enqueue(eventKey, effect, object string) {
 	require.NoError(e.t, err)
 }
 
-// relay starts a relay claiming batch rows a round until the test ends.
-func (e *env) relay(amqpURL string, batch int, afterConfirm func([]string) error) {
-	e.t.Helper()
-	r, err := outbox.NewRelay(outbox.Options{
+// relayOptions are the options of the tests' relays: claiming batch rows
+// a round, polling every 50 ms, woken by LISTEN.
+func (e *env) relayOptions(amqpURL string, batch int) outbox.Options {
+	return outbox.Options{
 		Pool: e.pool, DatabaseURL: e.dbURL,
 		Dialer:    broker.Dialer{URL: amqpURL, Name: e.t.Name(), MaxBackoff: 100 * time.Millisecond, DialTimeout: time.Second},
 		BatchSize: batch, PollInterval: 50 * time.Millisecond, PublishTimeout: 5 * time.Second,
 		MaxAttempts: 3, MaxBackoff: 200 * time.Millisecond, Retention: time.Hour,
 		Logger: zaptest.NewLogger(e.t, zaptest.Level(zap.WarnLevel)), Metrics: outbox.NewMetrics(prometheus.NewRegistry()),
-		AfterConfirm: afterConfirm,
-	})
+	}
+}
+
+// relay starts a relay with opts until the test ends, and returns it.
+func (e *env) relayWith(opts outbox.Options) *outbox.Relay {
+	e.t.Helper()
+	r, err := outbox.NewRelay(opts)
 	require.NoError(e.t, err)
 	e.run(r.Run)
+	return r
+}
+
+// relay starts a relay claiming batch rows a round until the test ends.
+func (e *env) relay(amqpURL string, batch int, afterConfirm func([]string) error) {
+	e.t.Helper()
+	opts := e.relayOptions(amqpURL, batch)
+	opts.AfterConfirm = afterConfirm
+	e.relayWith(opts)
 }
 
 // consume starts the consumer kit on queue q, recording every message it

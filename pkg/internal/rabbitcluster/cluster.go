@@ -20,9 +20,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
-
 	"github.com/idempotent-events/idempotent-events/pkg/internal/backoff"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
 )
 
 // ErrNotInstalled is returned by Start on a machine without rabbitmq-server.
