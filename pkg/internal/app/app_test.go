@@ -10,12 +10,16 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/app"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/pipelinetest"
 	"github.com/idempotent-events/idempotent-events/pkg/payments"
 )
@@ -123,4 +127,38 @@ func TestRunWorkerReleasesTheMetricsListenerWhenTheAdminAddressIsTaken(t *testin
 	ln, err := net.Listen("tcp", cfg.MetricsAddr)
 	require.NoError(t, err, "the metrics listener is still held")
 	require.NoError(t, ln.Close())
+}
+
+// A worker with OUTBOX_RELAY=only (the chart's relay Deployment) is ready
+// once its relay holds a broker connection, publishes what waits in the
+// outbox, and consumes no event: events.main has no consumer, keeps its
+// message, and the ledger stays empty.
+func TestARelayOnlyWorkerPublishesTheOutboxAndConsumesNothing(t *testing.T) {
+	p := pipelinetest.New(t)
+	conn, err := amqp.Dial(p.AMQPURL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.ExchangeDeclare(outbox.Exchange, "topic", true, false, false, false, nil))
+	_, err = ch.QueueDeclare("downstream", true, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.QueueBind("downstream", "#", outbox.Exchange, false, nil))
+	_, err = p.DB.Exec(context.Background(), `INSERT INTO outbox (idempotency_key, event_id, effect, object_id, seq, exchange, routing_key, body)
+		VALUES ('evt_relay_only/email', 'evt_relay_only', 'email', 'pi_relay_only', 1, $1, 'email.sent', 'hello')`, outbox.Exchange)
+	require.NoError(t, err)
+	p.PublishEvent("evt_relay_only_waits")
+
+	p.Tune = func(c *config.Worker) { c.OutboxRelay = "only" }
+	p.StartWorker("") // returns once /readyz answers 200
+	p.Eventually(func() bool { return p.Depth("downstream") == 1 }, "the relay-only worker did not publish the outbox row")
+	d, ok := p.Broker.Get("downstream")
+	require.True(t, ok)
+	assert.Equal(t, "evt_relay_only/email", d.MessageId)
+
+	q, err := ch.QueueDeclarePassive(broker.MainQueue, true, false, false, false, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 0, q.Consumers, "a relay-only worker consumes %s", broker.MainQueue)
+	assert.Equal(t, 1, q.Messages)
+	assert.Equal(t, 0, p.LedgerRows())
 }

@@ -38,7 +38,11 @@ type binary struct {
 	// meaning belongs to a domain package (signature schemes and secrets).
 	// Its error is a *config.Error, reported like one from config.Load.
 	check func() error
-	run   func(ctx context.Context, command string, log *zap.Logger, reg *prometheus.Registry) error
+	// component, when set, names the process in its logs and in
+	// idempotent_events_build_info once the configuration is loaded (the
+	// worker binary running only the outbox relay is "relay"); else name.
+	component func() string
+	run       func(ctx context.Context, command string, log *zap.Logger, reg *prometheus.Registry) error
 }
 
 // main parses args (without the program name), loads and checks the
@@ -96,11 +100,15 @@ func (b binary) main(args []string, stdout, stderr io.Writer) int {
 		return ExitOK
 	}
 	defer func() { _ = log.Sync() }()
-	log = log.Named(b.name).With(zap.String("version", telemetry.Version))
+	component := b.name
+	if b.component != nil {
+		component = b.component()
+	}
+	log = log.Named(component).With(zap.String("version", telemetry.Version))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := b.run(ctx, command, log, telemetry.NewRegistry(b.name)); err != nil {
+	if err := b.run(ctx, command, log, telemetry.NewRegistry(component)); err != nil {
 		log.Error("stopped with error", zap.Error(err))
 		var cerr *config.Error
 		if errors.As(err, &cerr) {

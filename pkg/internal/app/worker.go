@@ -27,8 +27,9 @@ import (
 )
 
 const workerUsage = `worker: consumes events.main and commits each event's effect exactly once;
-with ADMIN_TOKEN set it also serves the DLQ admin API and page. Configuration
-is environment variables only (docs/configuration.md).
+with ADMIN_TOKEN set it also serves the DLQ admin API and page; with
+OUTBOX_RELAY=only it runs only the outbox relay. Configuration is environment
+variables only (docs/configuration.md).
 
 usage: worker [--check-config | --version | --help]
 `
@@ -39,6 +40,12 @@ func Worker(fx *effects.Registry, args []string, stdout, stderr io.Writer) int {
 	var cfg config.Worker
 	return binary{
 		name: "worker", usage: workerUsage, cfg: &cfg,
+		component: func() string {
+			if cfg.RelayOnly() {
+				return "relay"
+			}
+			return "worker"
+		},
 		run: func(ctx context.Context, _ string, log *zap.Logger, reg *prometheus.Registry) error {
 			return RunWorker(ctx, cfg, fx, log, reg)
 		},
@@ -50,6 +57,9 @@ func Worker(fx *effects.Registry, args []string, stdout, stderr io.Writer) int {
 // server, until ctx is done and in-flight work is drained. Tests run it
 // in-process.
 func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log *zap.Logger, reg *prometheus.Registry) error {
+	if cfg.RelayOnly() {
+		return runRelay(ctx, cfg, log, reg)
+	}
 	st, err := store.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
 	if err != nil {
 		return err
@@ -147,6 +157,38 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 		err = errors.Join(err, cause)
 	}
 	return errors.Join(err, metricsErr, adminErr, relayErr)
+}
+
+// runRelay is the worker with OUTBOX_RELAY=only: the outbox relay and its
+// metrics endpoint, nothing consumed, until ctx is done. /readyz answers
+// 200 while the relay holds a broker connection. It opens neither Redis
+// nor the admin server, and leaves the queue and ledger gauges to the
+// workers: the relay Deployment of the chart runs it, beside workers with
+// OUTBOX_RELAY=off that wake it by NOTIFY when they commit an enqueue.
+func runRelay(ctx context.Context, cfg config.Worker, log *zap.Logger, reg *prometheus.Registry) error {
+	st, err := store.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	relay, err := newRelay(cfg, st.Pool(), log.Named("outbox"), reg)
+	if err != nil {
+		return err
+	}
+	metrics, err := httpserver.New(httpserver.Options{
+		Addr: cfg.MetricsAddr, Handler: telemetry.MetricsHandler(reg, relay.Ready, cfg.Pprof), ShutdownTimeout: cfg.ShutdownTimeout,
+	})
+	if err != nil {
+		return err
+	}
+	defer metrics.Close()
+	var wg sync.WaitGroup
+	var metricsErr error
+	wg.Go(func() { metricsErr = metrics.Run(ctx) })
+	log.Info("outbox relay starting (OUTBOX_RELAY=only: no events consumed)", zap.String("metrics_addr", metrics.Addr().String()))
+	err = relay.Run(ctx)
+	wg.Wait()
+	return errors.Join(err, metricsErr)
 }
 
 // newRelay builds the outbox relay, or nil with OUTBOX_RELAY=off.

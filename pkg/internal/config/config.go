@@ -170,8 +170,9 @@ type Worker struct {
 // Outbox configures the worker's outbox relay, which publishes the
 // messages effects handlers enqueue.
 type Outbox struct {
-	// OutboxRelay runs the relay in this worker ("on") or not ("off":
-	// another process publishes the outbox).
+	// OutboxRelay runs the relay in this worker ("on"), not at all ("off":
+	// another process publishes the outbox), or only the relay ("only": the
+	// process consumes no events; a relay Deployment of its own).
 	OutboxRelay       string        `envconfig:"OUTBOX_RELAY" default:"on"`
 	OutboxBatchSize   int           `envconfig:"OUTBOX_BATCH_SIZE" default:"100"`
 	OutboxPoll        time.Duration `envconfig:"OUTBOX_POLL_INTERVAL" default:"1s"`
@@ -182,13 +183,16 @@ type Outbox struct {
 }
 
 // RelayEnabled reports whether the worker runs the outbox relay.
-func (o *Outbox) RelayEnabled() bool { return o.OutboxRelay == "on" }
+func (o *Outbox) RelayEnabled() bool { return o.OutboxRelay == "on" || o.OutboxRelay == "only" }
+
+// RelayOnly reports whether the process runs the relay and nothing else.
+func (o *Outbox) RelayOnly() bool { return o.OutboxRelay == "only" }
 
 func (o *Outbox) validate(p *problems) {
 	switch o.OutboxRelay {
-	case "on", "off":
+	case "on", "off", "only":
 	default:
-		p.add("OUTBOX_RELAY", "must be on or off, got %q", o.OutboxRelay)
+		p.add("OUTBOX_RELAY", "must be on, off or only, got %q", o.OutboxRelay)
 	}
 	checkRange(p, "OUTBOX_BATCH_SIZE", int64(o.OutboxBatchSize), 1, 10000)
 	checkPositive(p, "OUTBOX_POLL_INTERVAL", o.OutboxPoll)

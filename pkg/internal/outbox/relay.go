@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -83,6 +84,8 @@ type Relay struct {
 	opts Options
 	log  *zap.Logger
 	wake chan struct{}
+	// connected is set while the relay holds a confirm channel.
+	connected atomic.Bool
 }
 
 // NewRelay validates opts and returns a Relay.
@@ -99,6 +102,14 @@ func (r *Relay) Wake() {
 	case r.wake <- struct{}{}:
 	default:
 	}
+}
+
+// Ready is nil while the relay is connected to the broker and can publish.
+func (r *Relay) Ready() error {
+	if !r.connected.Load() {
+		return errors.New("not publishing: broker not connected")
+	}
+	return nil
 }
 
 // Run relays until ctx is done, reconnecting to the broker whenever the
@@ -130,6 +141,8 @@ func (r *Relay) serve(ctx context.Context, conn *amqp.Connection) error {
 		return err
 	}
 	defer pub.Close()
+	r.connected.Store(true)
+	defer r.connected.Store(false)
 	for {
 		n, err := r.round(ctx, pub)
 		if err != nil {
