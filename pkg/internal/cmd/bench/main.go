@@ -69,7 +69,7 @@ func main() {
 	flag.StringVar(&o.workerEnv, "worker-env", "", "extra worker settings for our configuration, e.g. WORKER_BATCH_SIZE=128,WORKER_PREFETCH=512")
 	flag.StringVar(&o.receiverEnv, "receiver-env", "", "extra receiver settings, e.g. PUBLISH_CHANNELS=8")
 	flag.StringVar(&o.only, "only", "", "run only one phase: raw, main, seed, baseline, outbox, downstream, e2e (for profiling; prints that phase's lines), or prune (the drain beside eventsctl prune on a ledger of -prune-rows; not part of a full run)")
-	flag.StringVar(&o.profileDir, "profile", "", "write 10 s CPU profiles of the receiver and the worker under load to this directory")
+	flag.StringVar(&o.profileDir, "profile", "", "write 10 s CPU profiles of the receiver, the workers and the relay under load to this directory")
 	flag.StringVar(&o.baseline, "baseline", "", "a git revision: also time its worker on the same backlog as ours, in the same run, and print both")
 	flag.DurationVar(&o.prunePause, "prune-pause", 250*time.Millisecond, "eventsctl prune -pause of the prune phase: the wait between two batches (eventsctl's default)")
 	flag.IntVar(&o.pruneRows, "prune-rows", 10_000_000, "ledger rows of the prune phase (-only prune), half of them older than the retention")
@@ -115,8 +115,12 @@ func main() {
 	}
 }
 
-// profileDir, when set, receives CPU profiles taken under load.
-var profileDir string
+// profileDir, when set, receives CPU profiles taken under load; profiles
+// numbers the workers' profiles in the order they were taken.
+var (
+	profileDir string
+	profiles   atomic.Int64
+)
 
 // profile fetches a CPU profile of the process serving metricsAddr in the
 // background; wait for the returned channel before stopping the process.
@@ -345,6 +349,8 @@ func relayApart(ctx context.Context, binDir string, unique, dups int, env []stri
 	check(err)
 	defer r.Term(30 * time.Second)
 	check(harness.WaitHTTPEvery("http://"+relayAddr+"/readyz", 20*time.Second, time.Millisecond))
+	profiled := profile("relay", relayAddr)
+	defer func() { <-profiled }()
 	drain, _, _ = drainWith(ctx, s, "benchorders", unique*(1+dups), unique, append([]string{"BENCH_OUTBOX=on", "OUTBOX_RELAY=off"}, env...)...)
 	drained := time.Now()
 	for ; ; time.Sleep(10 * time.Millisecond) {
@@ -767,7 +773,7 @@ func drainPattern(ctx context.Context, s *harness.Stack, binary, pattern string,
 	cpu := harness.ReadCPU("bench")
 	start := time.Now()
 	if delivered > 50_000 {
-		profiled := profile("worker", metricsAddr)
+		profiled := profile(fmt.Sprintf("worker-%d-%s", profiles.Add(1), binary), metricsAddr)
 		defer func() { <-profiled }()
 	}
 	for emptied := false; ; time.Sleep(10 * time.Millisecond) {
