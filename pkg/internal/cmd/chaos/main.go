@@ -25,7 +25,9 @@
 // Redis refusing connections, Postgres connections cut mid-transaction and
 // Postgres refusing connections, RabbitMQ connections cut and a real broker
 // restart (rabbitmqctl stop_app/start_app), latency on every dependency —
-// each a scenario, and all of them combined. Network faults go through TCP
+// each a scenario, and all of them combined. In relay-apart the outbox
+// relay runs in processes of its own (OUTBOX_RELAY=only, the workers
+// OUTBOX_RELAY=off), and those are SIGKILLed. Network faults go through TCP
 // proxies (faulttest) in front of the real services.
 //
 // In the reconcile scenario the provider gives up on a tenth of the events
@@ -219,7 +221,15 @@ type scenario struct {
 	// (system.sentinel) instead of the machine's Redis, its deliveries
 	// spread over sentinelMinDuration at least.
 	redisSentinel bool
+	// relayApart runs the outbox relay as the chart's
+	// outbox.relay.mode=deployment does: relayProcs processes of the
+	// orders binary with OUTBOX_RELAY=only (system.relays), the workers
+	// with OUTBOX_RELAY=off.
+	relayApart bool
 }
+
+// relayProcs is how many relay processes a relayApart scenario runs.
+const relayProcs = 2
 
 // recovery is what a scenario's recovery did.
 type recovery struct {
@@ -243,6 +253,7 @@ var scenarios = map[string]scenario{
 	"latency":         {faults: latency},
 	"postgres-outage": {faults: postgresOutage},
 	"relay-kill":      {faults: relayKill},
+	"relay-apart":     {faults: relayKill, relayApart: true},
 	"combined":        {faults: combined},
 	"reconcile":       {reject: 0.1, recover: reconcileRejected},
 	"pg-failover":     {faults: pgFailover},
@@ -250,7 +261,7 @@ var scenarios = map[string]scenario{
 
 func names() []string {
 	return []string{"baseline", "kill-workers", "kill-receiver", "redis", "redis-sentinel", "postgres-cuts", "rabbitmq", "rabbit-cluster", "latency",
-		"postgres-outage", "relay-kill", "combined", "reconcile"}
+		"postgres-outage", "relay-kill", "relay-apart", "combined", "reconcile"}
 }
 
 // system is the running pipeline: proxies in front of the services, one
@@ -268,12 +279,15 @@ type system struct {
 	pgCluster   *pgcluster.Cluster
 	asyncLedger bool
 	// faultErr is set when a scenario could not inject its faults.
-	faultErr                 error
-	httpAddr                 string
-	mu                       sync.Mutex
-	receiver                 *harness.Proc
-	workers                  []*harness.Proc
-	consumer                 *harness.Proc
+	faultErr error
+	httpAddr string
+	mu       sync.Mutex
+	receiver *harness.Proc
+	workers  []*harness.Proc
+	consumer *harness.Proc
+	// relays are the relay processes of a relayApart scenario; none
+	// otherwise (the relays run in the workers).
+	relays                   []*harness.Proc
 	receiverPeak, workerPeak int64
 	// stripe is the provider's record of the scenario's events, in the
 	// scenarios with a recovery.
@@ -334,10 +348,25 @@ func (s *system) startReceiver() {
 // outbox on every succeeded payment; its outbox relay runs in it.
 func (s *system) startWorker(i int) {
 	metrics := harness.FreeAddr()
-	p, err := s.stack.Start(fmt.Sprintf("worker-%d", i), "orders", append(s.workerEnv(metrics), s.privateEnv()...))
+	env := s.workerEnv(metrics)
+	if len(s.relays) > 0 {
+		env = append(env, "OUTBOX_RELAY=off")
+	}
+	p, err := s.stack.Start(fmt.Sprintf("worker-%d", i), "orders", append(env, s.privateEnv()...))
 	check(err)
 	s.mu.Lock()
 	s.workers[i], s.workerMetrics[i] = p, metrics
+	s.mu.Unlock()
+}
+
+// startRelay starts relay i of a relayApart scenario: the orders binary
+// with OUTBOX_RELAY=only, which publishes the outbox and consumes nothing.
+func (s *system) startRelay(i int) {
+	p, err := s.stack.Start(fmt.Sprintf("relay-%d", i), "orders",
+		append(append(s.workerEnv(harness.FreeAddr()), "OUTBOX_RELAY=only"), s.privateEnv()...))
+	check(err)
+	s.mu.Lock()
+	s.relays[i] = p
 	s.mu.Unlock()
 }
 
@@ -452,6 +481,12 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	stack := sys.stack
 	defer stack.Close()
 	sys.startReceiver()
+	if sc.relayApart {
+		sys.relays = make([]*harness.Proc, relayProcs)
+		for i := range sys.relays {
+			sys.startRelay(i)
+		}
+	}
 	for i := range sys.workers {
 		sys.startWorker(i)
 	}
@@ -460,7 +495,7 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 		sys.mu.Lock()
 		defer sys.mu.Unlock()
 		sys.receiver.Term(10 * time.Second)
-		for _, w := range sys.workers {
+		for _, w := range append(slices.Clone(sys.workers), sys.relays...) {
 			w.Term(10 * time.Second)
 		}
 		sys.consumer.Term(10 * time.Second)
@@ -696,7 +731,7 @@ func settle(ctx context.Context, sys *system, name string, ids, promised []strin
 		var b strings.Builder
 		fmt.Fprintf(&b, "  %d events were promised (answered 2xx, or recovered); missing: %v\n", len(promised), head(missing, 10))
 		sys.mu.Lock()
-		for _, w := range sys.workers {
+		for _, w := range append(slices.Clone(sys.workers), sys.relays...) {
 			fmt.Fprintf(&b, "  --- %s (last lines)\n%s\n", w.Name, lastLines(w.Log(), 15))
 		}
 		fmt.Fprintf(&b, "  --- receiver (last lines)\n%s\n", lastLines(sys.receiver.Log(), 15))
@@ -794,25 +829,28 @@ func killWorkers(sys *system, stop <-chan struct{}, o options) int {
 	})
 }
 
-// relayKill SIGKILLs the outbox relays (they run in the workers) and the
-// downstream consumer, one at a time, while the confirmation emails flow.
+// relayKill SIGKILLs the outbox relays (the relay processes of a
+// relayApart scenario, else the workers they run in) and the downstream
+// consumer, one at a time, while the confirmation emails flow.
 func relayKill(sys *system, stop <-chan struct{}, o options) int {
 	return every(stop, o.pace, 300*time.Millisecond, 1500*time.Millisecond, func() {
-		i := rand.N(len(sys.workers) + 1)
 		sys.mu.Lock()
-		var p *harness.Proc
-		if i == len(sys.workers) {
-			p = sys.consumer
-		} else {
-			p = sys.workers[i]
+		relays, start := sys.workers, sys.startWorker
+		if len(sys.relays) > 0 {
+			relays, start = sys.relays, sys.startRelay
+		}
+		i := rand.N(len(relays) + 1)
+		p := sys.consumer
+		if i < len(relays) {
+			p = relays[i]
 		}
 		sys.mu.Unlock()
 		p.Kill()
 		time.Sleep(rand.N(500 * time.Millisecond))
-		if i == len(sys.workers) {
-			sys.startConsumer()
+		if i < len(relays) {
+			start(i)
 		} else {
-			sys.startWorker(i)
+			sys.startConsumer()
 		}
 	})
 }
