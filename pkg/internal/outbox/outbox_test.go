@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -89,7 +90,10 @@ func (e *env) relay(amqpURL string, batch int, afterConfirm func([]string) error
 }
 
 // consume starts the consumer kit on queue q, recording every message it
-// handles (in arrival order) into received, until the test ends.
+// handles (in arrival order) into received, until the test ends. It
+// returns once q consumes, so q is bound: a relay started after it is not
+// answered "unroutable" for a message published before the binding (a
+// relay polling once an hour would not retry it in the test's time).
 func (e *env) consume(q string) {
 	e.t.Helper()
 	ctx := context.Background()
@@ -105,6 +109,18 @@ func (e *env) consume(q string) {
 	})
 	require.NoError(e.t, err)
 	e.run(c.Run)
+	conn, err := amqp.Dial(e.amqpURL)
+	require.NoError(e.t, err)
+	defer func() { _ = conn.Close() }()
+	require.Eventuallyf(e.t, func() bool {
+		ch, err := conn.Channel()
+		if err != nil {
+			return false
+		}
+		defer func() { _ = ch.Close() }()
+		info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		return err == nil && info.Consumers > 0
+	}, 30*time.Second, 10*time.Millisecond, "the consumer never consumed %s", q)
 }
 
 func (e *env) run(f func(context.Context) error) {
