@@ -25,7 +25,16 @@ dev: services build ## Migrate, then run receiver + worker in the foreground aga
 	BIN=$(BIN) hack/dev.sh
 
 .PHONY: test
-test: services browser lint test-go fuzz-short chaos-short check-observability check-deploy k8s-e2e ## The whole suite: lint, Go tests on the real services, short fuzz and chaos runs, alert/dashboard checks, chart/image/dev-loop checks, the chart on a real one-node Kubernetes
+test: ## The whole suite, stage by stage with a table of their times (hack/test.sh): services, packages, Go tests on the real services, lint, short fuzz and chaos runs, alert/dashboard checks, chart/image/dev-loop checks, the chart on a real one-node Kubernetes
+	hack/test.sh
+
+.PHONY: deps
+deps: browser ## Debian packages the suite needs: Chromium (browser), and the one-node cluster's (containerd, runc, docker.io, debootstrap, ...; needs root)
+	hack/k8s/deps.sh
+
+.PHONY: tools
+tools: ## Build every pinned tool (Kubernetes, KEDA, Helm, CoreDNS, promtool, golangci-lint, ...) into the shared tools cache (hack/tools/build.sh)
+	hack/tools/build.sh all
 
 .PHONY: browser
 browser: ## Install Debian's headless Chromium for the DLQ page's browser test (needs root + apt; in CI a failure is fatal)

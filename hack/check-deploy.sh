@@ -4,13 +4,12 @@
 #
 # Needs Go (>= 1.26.8) with the Go module proxy, and Node.js + npm with the npm
 # registry (step 3; CHECK_DEPLOY_SKIP_NPM=1 skips it, loudly). Everything is
-# built from committed go.mod/go.sum and package-lock.json files, pinned; Go
-# tools go into bin/ (gitignored):
-#   bin/envtest/etcd, bin/envtest/kube-apiserver  hack/tools/{etcd,kubernetes}
-#   bin/helm-unittest                             hack/tools/helm-unittest
-# A tool is rebuilt only when its module files or build flags changed (stamp
-# file next to it); --rebuild-tools forces it. Build caches are the standard
-# Go caches. Steps run one at a time (one heavy go build at once).
+# built from committed go.mod/go.sum and package-lock.json files, pinned; the
+# Go tools come from the tools cache of hack/tools/build.sh (module
+# hack/tools/k8s), linked into bin/ (gitignored):
+#   bin/envtest/etcd, bin/envtest/kube-apiserver, bin/helm-unittest
+# A tool is rebuilt only when its module files or build flags changed (a
+# stamp beside it); --rebuild-tools forces it. Steps run one at a time.
 #
 # Checks run:
 #   1. go vet + go test in hack/deploytest (see its doc.go): Helm SDK render
@@ -49,29 +48,17 @@ if [[ $(printf '%s\n%s\n' "go1.26.8" "$gover" | sort -V | head -1) != go1.26.8 ]
   fail "Go >= 1.26.8 needed (buildkit v0.34.2 requires it); this is $gover"
 fi
 
-# build_tool NAME MODULE_DIR OUTPUT PACKAGE [LDFLAGS]
-build_tool() {
-  local name=$1 dir=$2 out=$3 pkg=$4 ldflags=${5:-}
-  local stamp="$out.stamp" want
-  want=$(cat "$dir/go.mod" "$dir/go.sum" <(echo "$pkg $ldflags $gover") | sha256sum | cut -d' ' -f1)
-  if [[ $REBUILD == 0 && -x $out && -f $stamp && $(cat "$stamp") == "$want" ]]; then
-    printf '    %s: up to date (%s)\n' "$name" "${out#"$ROOT"/}"
-    return
-  fi
-  local t=$SECONDS
-  mkdir -p "$(dirname "$out")"
-  # CGO off and the same module as hack/k8s/tools.sh: the packages compiled
-  # here are the ones make k8s-e2e links, so Go's build cache serves both.
-  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out" "$pkg") || fail "building $name"
-  echo "$want" >"$stamp"
-  printf '    %s: built in %ds (%s)\n' "$name" $((SECONDS - t)) "${out#"$ROOT"/}"
-}
-
-step "tools from hack/tools (pinned wrapper modules)"
-build_tool etcd hack/tools/etcd "$BIN/envtest/etcd" go.etcd.io/etcd/server/v3
-build_tool kube-apiserver hack/tools/kubernetes "$BIN/envtest/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver \
-  "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
-build_tool helm-unittest hack/tools/helm-unittest "$BIN/helm-unittest" github.com/helm-unittest/helm-unittest/cmd/helm-unittest
+step "tools from hack/tools/k8s (one pinned module; hack/tools/build.sh)"
+# Built into the tools cache shared by every checkout and by make k8s-e2e
+# (one build of kube-apiserver for envtest and the cluster); bin/envtest and
+# bin/helm-unittest link to it, where envtest and the docs look.
+[[ $REBUILD == 1 ]] && rm -f "$(hack/tools/build.sh --dir)"/.{kube,etcd,helm-unittest}.stamp
+hack/tools/build.sh kube etcd helm-unittest || fail "building the tools"
+TOOLS_BIN=$(hack/tools/build.sh --dir)
+mkdir -p "$BIN/envtest"
+ln -sfn "$TOOLS_BIN/etcd" "$BIN/envtest/etcd"
+ln -sfn "$TOOLS_BIN/kube-apiserver" "$BIN/envtest/kube-apiserver"
+ln -sfn "$TOOLS_BIN/helm-unittest" "$BIN/helm-unittest"
 "$BIN/envtest/kube-apiserver" --version | grep -qx "Kubernetes $K8S_VERSION" || fail "kube-apiserver does not report $K8S_VERSION"
 done_step
 

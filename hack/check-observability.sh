@@ -5,8 +5,8 @@
 #   charts/idempotent-events/dashboards/*.json                   (Grafana dashboards)
 #   docs/runbook.md                                              (one section per alert)
 #
-# 1. Builds promtool into bin/ from the pinned tools module hack/tools/promtool
-#    when bin/promtool is missing or was built from other go.mod/go.sum
+# 1. promtool from the pinned tools module hack/tools/k8s, built into the
+#    shared tools cache by hack/tools/build.sh when missing or stale
 #    (a cold build takes about 4-6 minutes and 1.8 GB of module cache).
 # 2. promtool check rules, then promtool test rules.
 # 3. Every alert has a severity label, summary/description/runbook_url
@@ -29,7 +29,6 @@ export GOWORK=off GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
 RULES=charts/idempotent-events/rules/idempotent-events.rules.yaml
 RUNBOOK=docs/runbook.md
-TOOLS=hack/tools/promtool
 shopt -s nullglob
 TESTS=(hack/rules-test/*.yaml)
 DASHBOARDS=(charts/idempotent-events/dashboards/*.json)
@@ -44,32 +43,20 @@ fail() { printf 'FAIL: %s\n' "$*"; failed=$((failed + 1)); }
 mkdir -p "$BIN"
 
 # --- 1. promtool ------------------------------------------------------------
-step "promtool ($TOOLS)"
-prom_version=$(awk '$1 == "github.com/prometheus/prometheus" { print $2 }' "$TOOLS/go.mod")
-stamp=$(cat "$TOOLS/go.mod" "$TOOLS/go.sum" | sha256sum | cut -c1-16)
+step "promtool (hack/tools/k8s, built by hack/tools/build.sh)"
 have_promtool=false
-if [[ -x $BIN/promtool && -f $BIN/promtool.stamp && $(cat "$BIN/promtool.stamp") == "$stamp" ]]; then
-	echo "bin/promtool is up to date (prometheus $prom_version, go.mod/go.sum $stamp)"
+PROMTOOL=$(hack/tools/build.sh --dir)/promtool
+if hack/tools/build.sh promtool; then
+	echo "$("$PROMTOOL" --version 2>&1 | head -1)"
 	have_promtool=true
 else
-	echo "building bin/promtool from prometheus $prom_version (go.mod/go.sum $stamp); a cold build takes minutes"
-	start=$SECONDS
-	if (cd "$TOOLS" && $GO build -trimpath \
-		-ldflags "-X github.com/prometheus/common/version.Version=${prom_version#v}" \
-		-o "$BIN/promtool" github.com/prometheus/prometheus/cmd/promtool); then
-		echo "$stamp" >"$BIN/promtool.stamp"
-		echo "built in $((SECONDS - start)) s"
-		have_promtool=true
-	else
-		rm -f "$BIN/promtool.stamp"
-		fail "building promtool"
-	fi
+	fail "building promtool"
 fi
 
 # --- 2. promtool check rules / test rules -----------------------------------
 step "promtool check rules $RULES"
 if $have_promtool; then
-	if "$BIN/promtool" check rules "$RULES"; then
+	if "$PROMTOOL" check rules "$RULES"; then
 		ok "promtool check rules"
 	else
 		fail "promtool check rules"
@@ -85,7 +72,7 @@ elif $have_promtool; then
 	# Count what is tested, so the log says more than SUCCESS.
 	groups=$(cat "${TESTS[@]}" | grep -Ec '^  - name:')
 	cases=$(cat "${TESTS[@]}" | grep -Ec '^ +- eval_time:')
-	if "$BIN/promtool" test rules "${TESTS[@]}"; then
+	if "$PROMTOOL" test rules "${TESTS[@]}"; then
 		ok "promtool test rules: $groups tests, $cases alert evaluations"
 	else
 		fail "promtool test rules"
@@ -168,7 +155,7 @@ step "dashboard queries parse as PromQL (promtool check rules on the extracted e
 if [[ ! -s $queries ]]; then
 	fail "no dashboard queries were extracted"
 elif $have_promtool; then
-	if "$BIN/promtool" check rules "$queries"; then
+	if "$PROMTOOL" check rules "$queries"; then
 		ok "dashboard PromQL parses"
 	else
 		fail "dashboard PromQL"

@@ -69,8 +69,8 @@ webhook: {secrets: $SECRET}
 YAML
 }
 
-# keda_dir: KEDA's module source (its manifests and CRDs), as pinned by hack/tools/keda.
-keda_dir() { (cd "$ROOT/hack/tools/keda" && go list -m -f '{{.Dir}}' github.com/kedacore/keda/v2); }
+# keda_dir: KEDA's module source (its manifests and CRDs), as pinned by hack/tools/k8s.
+keda_dir() { (cd "$ROOT/hack/tools/k8s" && go list -m -f '{{.Dir}}' github.com/kedacore/keda/v2); }
 
 svc_url() { echo "http://$(kubectl -n "$1" get svc "$2" -o jsonpath='{.spec.clusterIP}'):$(kubectl -n "$1" get svc "$2" -o jsonpath='{.spec.ports[0].port}')"; }
 

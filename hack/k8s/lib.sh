@@ -4,13 +4,15 @@
 #
 # Layout (nothing outside these paths is written, except what the kubelet,
 # kube-proxy and CNI insist on; see node-down.sh):
-#   $CACHE/bin      binaries built from the module proxy, reused across runs
+#   $BIN            the tools cache of hack/tools/build.sh (binaries built from
+#                   the module proxy, reused across runs and checkouts), and
+#                   this checkout's pause, k8sload and eventsctl
 #   $CACHE/docker   the private dockerd's data root (base images, build cache)
 #   $NODE_DIR       one run's cluster state (pki, etcd, kubelet, containerd), wiped per run
 #   /run/ie-k8s     sockets and containerd state
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CACHE=${IE_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/idempotent-events/k8s}
-BIN=$CACHE/bin
+BIN=$("$ROOT/hack/tools/build.sh" --dir)
 NODE_DIR=${IE_K8S_NODE_DIR:-$CACHE/node}
 RUN_DIR=/run/ie-k8s
 BRIDGE=iek8s0

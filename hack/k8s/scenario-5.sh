@@ -8,7 +8,7 @@
 # and PrometheusRule, KEDA's ScaledObject and TriggerAuthentication.
 crds() {
   local po keda
-  po=$(cd "$ROOT/hack/tools/keda" && go mod download -json github.com/prometheus-operator/prometheus-operator@v0.85.0 | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  po=$(cd "$ROOT/hack/tools/k8s" && go mod download -json github.com/prometheus-operator/prometheus-operator@v0.85.0 | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
   keda=$(keda_dir)
   kubectl apply --server-side -f "$po/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml" \
     -f "$po/example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml" \
