@@ -20,6 +20,7 @@ package receiver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -212,12 +213,7 @@ func (h *Handler) webhook(w http.ResponseWriter, r *http.Request, src Source) {
 	if src.Verifier != nil {
 		idx, err := src.Verifier.Verify(r.Header, body)
 		if err != nil {
-			var verr *webhook.Error
-			errors.As(err, &verr)
-			h.m.signatureFailures.WithLabelValues(src.Name, string(verr.Reason)).Inc()
-			h.log.Info("webhook rejected: signature", zap.String("source", src.Name), zap.String("reason", string(verr.Reason)),
-				zap.String("remote", r.RemoteAddr))
-			h.respond(w, src, http.StatusUnauthorized, answer{Error: string(verr.Reason), Message: verr.Detail})
+			h.rejectSignature(w, r, src, err)
 			return
 		}
 		h.m.secretMatches.WithLabelValues(src.Name, strconv.Itoa(idx)).Inc()
@@ -226,9 +222,17 @@ func (h *Handler) webhook(w http.ResponseWriter, r *http.Request, src Source) {
 	providerID, typ := deliveryIdentity(src.Scheme, r.Header)
 	ev, err := event.Parse(src.Scheme, providerID, typ, body)
 	if err != nil {
+		a := answer{Error: "invalid_event", Field: "body", Message: "the event could not be decoded"}
 		var fe *event.FieldError
-		errors.As(err, &fe)
-		h.respond(w, src, http.StatusBadRequest, answer{Error: "invalid_event", Field: fe.Field, Message: fe.Problem})
+		if errors.As(err, &fe) && fe != nil {
+			a.Field, a.Message = fe.Field, fe.Problem
+		} else {
+			// event.Parse promises a *FieldError; anything else is a bug
+			// there, but the input is still refused, not served a panic.
+			h.log.Warn("webhook rejected: event decoder failed without naming a field", zap.String("source", src.Name),
+				zap.String("error_type", fmt.Sprintf("%T", err)))
+		}
+		h.respond(w, src, http.StatusBadRequest, a)
 		return
 	}
 	providerID, key := ev.ID, event.Key(src.Name, ev.ID)
@@ -286,6 +290,31 @@ func (h *Handler) webhook(w http.ResponseWriter, r *http.Request, src Source) {
 	}
 	h.log.Debug("event accepted", zap.String("event_id", key), zap.String("type", ev.Type))
 	h.respond(w, src, http.StatusAccepted, answer{Status: "accepted", EventID: providerID})
+}
+
+// reasonUnclassified is the 401 answer and metric label of a verification
+// error that is not a *webhook.Error.
+const reasonUnclassified webhook.Reason = "verification_failed"
+
+// rejectSignature answers 401 for a failed verification and logs it once.
+// A verifier that breaks its contract (a plain error, or a nil
+// *webhook.Error in a non-nil error) has still not verified the request, so
+// it gets the same answer with reasonUnclassified. Only such an error's type
+// is logged, not its text: an error nobody classified may quote the
+// signature header it failed on.
+func (h *Handler) rejectSignature(w http.ResponseWriter, r *http.Request, src Source, err error) {
+	reason, detail := reasonUnclassified, "the signature could not be verified"
+	fields := []zap.Field{zap.String("source", src.Name), zap.String("remote", r.RemoteAddr)}
+	var verr *webhook.Error
+	if errors.As(err, &verr) && verr != nil {
+		reason, detail = verr.Reason, verr.Detail
+		h.log.Info("webhook rejected: signature", append(fields, zap.String("reason", string(reason)))...)
+	} else {
+		h.log.Warn("webhook rejected: the verifier failed without a reason",
+			append(fields, zap.String("reason", string(reason)), zap.String("error_type", fmt.Sprintf("%T", err)))...)
+	}
+	h.m.signatureFailures.WithLabelValues(src.Name, string(reason)).Inc()
+	h.respond(w, src, http.StatusUnauthorized, answer{Error: string(reason), Message: detail})
 }
 
 // deliveryIdentity returns the event id and type a scheme sends in headers.

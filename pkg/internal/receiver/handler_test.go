@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -270,6 +271,46 @@ func TestBadInputIsRejectedAndNothingIsPublished(t *testing.T) {
 	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
 
 	assert.Equal(t, 0, f.broker.Depth(broker.MainQueue), "no bad input was published")
+}
+
+// failingVerifier breaks the Verifier contract: it fails with err, which is
+// not a usable *webhook.Error.
+type failingVerifier struct{ err error }
+
+func (v failingVerifier) Verify(http.Header, []byte) (int, error) { return -1, v.err }
+func (failingVerifier) Scheme() string                            { return webhook.SchemeStandard }
+
+// A verifier that fails without a reason (a plain error, or a nil
+// *webhook.Error in a non-nil error) has still not verified the request: it
+// is answered 401, nothing is published, and the rejection is logged once,
+// without the error's text, which may quote the signature it failed on.
+func TestAVerificationErrorWithoutAReasonIsAnswered401(t *testing.T) {
+	t.Parallel()
+	core, logs := observer.New(zap.DebugLevel)
+	f := start(t, setup{logger: zap.New(core), sources: []receiver.Source{
+		{Name: "plain", Route: "/webhooks/plain", Scheme: webhook.SchemeStandard,
+			Verifier: failingVerifier{err: errors.New("key service unreachable: v1,tok_internal")}},
+		{Name: "typed-nil", Route: "/webhooks/typed-nil", Scheme: webhook.SchemeStandard,
+			Verifier: failingVerifier{err: (*webhook.Error)(nil)}},
+	}})
+	body := []byte(`{"type":"x.y","data":{}}`)
+	for _, route := range []string{"/webhooks/plain", "/webhooks/typed-nil"} {
+		r := f.postTo(t, route, body, map[string]string{"Content-Type": "application/json", webhook.StandardIDHeader: "msg_1"})
+		require.Equal(t, http.StatusUnauthorized, r.code, "%s: %v", route, r.body)
+		require.Equal(t, "verification_failed", r.body["error"], route)
+		require.NotEmpty(t, r.body["message"], route)
+		require.NotContains(t, r.body["message"], "tok_internal", route)
+	}
+	require.Equal(t, 0, f.broker.Depth(broker.MainQueue), "nothing was published")
+	rejected := logs.FilterMessageSnippet("webhook rejected")
+	require.Equal(t, 2, rejected.Len(), "one line per rejected request")
+	for _, e := range logs.All() {
+		line := e.Message
+		for k, v := range e.ContextMap() {
+			line += fmt.Sprintf(" %s=%v", k, v)
+		}
+		require.NotContains(t, line, "tok_internal")
+	}
 }
 
 func TestBrokerDownAnswers503UntilItIsBack(t *testing.T) {
