@@ -88,6 +88,43 @@ func TestReceiverRefusesUnknownSchemesAndUnusableSecretsNamingTheVariable(t *tes
 	assert.Equal(t, "receiver: configuration ok\n", stdout)
 }
 
+// --check-config names every bad variable at once, one line each, exit 2:
+// two that do not parse, one that parses to a value out of range, and a URL
+// whose password must not be printed.
+func TestCheckConfigNamesEveryBadVariableOnceAndNoPassword(t *testing.T) {
+	t.Setenv("WORKER_BATCH_SIZE", "abc")
+	t.Setenv("WORKER_CONCURRENCY", "x")
+	t.Setenv("WORKER_PREFETCH", "0")
+	t.Setenv("AMQP_URL", "amqp://app:S3cretCanary-CheckConfig/x@rabbit:5672/")
+	code, stdout, stderr := call(binaries()["worker"], "--check-config")
+	require.Equal(t, app.ExitUsage, code, stderr)
+	require.Empty(t, stdout)
+	require.NotContains(t, stderr, "S3cretCanary-CheckConfig")
+	var named []string
+	for _, line := range strings.Split(strings.TrimSpace(stderr), "\n") {
+		variable, _, ok := strings.Cut(strings.TrimPrefix(line, "invalid configuration: "), ": ")
+		require.True(t, ok, line)
+		named = append(named, variable)
+	}
+	require.ElementsMatch(t, []string{"AMQP_URL", "WORKER_PREFETCH", "WORKER_CONCURRENCY", "WORKER_BATCH_SIZE"}, named, stderr)
+}
+
+// What the signature package refuses is reported with the rest, not after
+// the rest is fixed.
+func TestCheckConfigNamesWhatTheSignaturePackageRefusesWithTheRest(t *testing.T) {
+	t.Setenv("WEBHOOK_SECRETS", "whsec_stripe")
+	t.Setenv("WEBHOOK_SOURCES", "acme:soap")
+	t.Setenv("WEBHOOK_SECRETS_ACME", "s1")
+	t.Setenv("RECEIVER_MAX_IN_FLIGHT", "lots")
+	code, stdout, stderr := call(binaries()["receiver"], "--check-config")
+	require.Equal(t, app.ExitUsage, code, stderr)
+	require.Empty(t, stdout)
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	require.Len(t, lines, 2, stderr)
+	require.Contains(t, stderr, "invalid configuration: RECEIVER_MAX_IN_FLIGHT: ")
+	require.Contains(t, stderr, "invalid configuration: WEBHOOK_SOURCES: source acme: ")
+}
+
 // A worker whose start fails after it opened its listeners, pools and
 // clients releases every one of them: the ports can be bound again at once,
 // and goleak (TestMain) finds no goroutine of a pool left behind. Here the

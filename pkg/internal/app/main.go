@@ -78,15 +78,17 @@ func (b binary) main(args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 
-	if err := config.Load(b.cfg); err != nil {
+	// check runs even when Load found problems, so that every bad variable
+	// is on the lines printed, not only those of the configuration package.
+	// Both errors are *config.Error, one line per problem; joined, they
+	// print as one list.
+	err := config.Load(b.cfg)
+	if b.check != nil {
+		err = errors.Join(err, b.check())
+	}
+	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return ExitUsage
-	}
-	if b.check != nil {
-		if err := b.check(); err != nil {
-			fmt.Fprintln(stderr, err)
-			return ExitUsage
-		}
 	}
 	dedupe.SilenceClientLogs()
 	lc := config.LoggingOf(b.cfg)

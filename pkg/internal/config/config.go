@@ -3,10 +3,11 @@
 // them.
 //
 // Every setting has a default that points at services on 127.0.0.1, so a bare
-// receiver or worker runs on a development machine. A bad value is reported as
-// a *Error that names the variable and what is wrong with it; the binaries
-// print it and exit with status 2. Values of variables that may carry
-// credentials (URLs, secrets) are never echoed.
+// receiver or worker runs on a development machine. Bad values are reported
+// all at once, as a *Error with a Problem per variable that names it and what
+// is wrong with it; the binaries print it, a line per Problem, and exit with
+// status 2. Values of variables that may carry credentials (URLs, secrets)
+// are never echoed, nor any part of them (see urls.go).
 package config
 
 import (
@@ -225,13 +226,60 @@ func (l Logging) logging() Logging { return l }
 // LoggingOf returns the logging settings of spec.
 func LoggingOf(spec Spec) Logging { return spec.logging() }
 
-// Load fills spec from the environment and validates it. The error, if any,
-// is a *Error.
+// Load fills spec from the environment and validates it. Every bad
+// variable is reported, not only the first: the error, if any, is a *Error
+// with a Problem for each variable that does not parse, then one for each
+// value validation refuses.
 func Load(spec Spec) error {
-	if err := envconfig.Process("", spec); err != nil {
-		return parseProblem(spec, err)
+	var p problems
+	unparsed := map[string]bool{}
+	processEach(reflect.ValueOf(spec).Elem(), &p, unparsed)
+	if err := spec.Validate(); err != nil {
+		var cerr *Error
+		if !errors.As(err, &cerr) {
+			return err
+		}
+		for _, q := range cerr.Problems {
+			// A variable that did not parse was left as it was; what
+			// validation says of that value would only confuse.
+			if !unparsed[q.Var] {
+				p = append(p, q)
+			}
+		}
 	}
-	return spec.Validate()
+	return p.err()
+}
+
+// processEach fills the fields of v (a config struct) from the environment
+// one at a time, each by envconfig.Process on a struct of that one field
+// with the field's tags, so envconfig reads and decodes it exactly as it
+// would in the whole struct. envconfig.Process on the whole struct stops at
+// the first variable that does not parse; this way each one is a Problem
+// and the rest are still read and validated. A field whose variable does
+// not parse keeps its value, and its variable is added to unparsed.
+func processEach(v reflect.Value, p *problems, unparsed map[string]bool) {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f, ft := v.Field(i), t.Field(i)
+		if !ft.IsExported() || ft.Tag.Get("ignored") == "true" {
+			continue
+		}
+		if ft.Anonymous && ft.Type.Kind() == reflect.Struct {
+			processEach(f, p, unparsed)
+			continue
+		}
+		one := reflect.New(reflect.StructOf([]reflect.StructField{{Name: ft.Name, Type: ft.Type, Tag: ft.Tag}}))
+		// envconfig leaves a field alone when its variable is unset and it
+		// has no default: start from the current value, as it would.
+		one.Elem().Field(0).Set(f)
+		if err := envconfig.Process("", one.Interface()); err != nil {
+			prob := parseProblem(err, ft.Tag.Get("sensitive") == "true")
+			unparsed[prob.Var] = true
+			*p = append(*p, prob)
+			continue
+		}
+		f.Set(one.Elem().Field(0))
+	}
 }
 
 // Problem is one invalid variable.
@@ -267,15 +315,18 @@ func (p problems) err() error {
 	return &Error{Problems: p}
 }
 
-func parseProblem(spec any, err error) error {
+// parseProblem is the Problem of a variable envconfig could not decode.
+// The value is quoted unless the variable is sensitive; then neither it nor
+// the decoder's error, which may repeat it, is.
+func parseProblem(err error, sensitive bool) Problem {
 	var pe *envconfig.ParseError
 	if !errors.As(err, &pe) {
-		return &Error{Problems: []Problem{{Var: "environment", Msg: err.Error()}}}
+		return Problem{Var: "environment", Msg: err.Error()}
+	}
+	if sensitive {
+		return Problem{Var: pe.KeyName, Msg: "value is not a valid " + typeWord(pe.TypeName)}
 	}
 	msg := fmt.Sprintf("%q is not a valid %s", pe.Value, typeWord(pe.TypeName))
-	if isSensitive(reflect.TypeOf(spec).Elem(), pe.FieldName) {
-		msg = "value is not a valid " + typeWord(pe.TypeName)
-	}
 	var inner interface{ Unwrap() error }
 	if errors.As(pe.Err, &inner) && inner.Unwrap() != nil {
 		// strconv and time errors repeat the value; keep only their reason.
@@ -283,7 +334,7 @@ func parseProblem(spec any, err error) error {
 	} else if pe.Err != nil && !strings.Contains(pe.Err.Error(), pe.Value) {
 		msg += " (" + pe.Err.Error() + ")"
 	}
-	return &Error{Problems: []Problem{{Var: pe.KeyName, Msg: msg}}}
+	return Problem{Var: pe.KeyName, Msg: msg}
 }
 
 func typeWord(goType string) string {
@@ -305,22 +356,6 @@ func lastPart(s string) string {
 		return s[i+2:]
 	}
 	return s
-}
-
-func isSensitive(t reflect.Type, field string) bool {
-	for i := 0; i < t.NumField(); i++ {
-		f := t.Field(i)
-		if f.Anonymous && f.Type.Kind() == reflect.Struct {
-			if isSensitive(f.Type, field) {
-				return true
-			}
-			continue
-		}
-		if f.Name == field {
-			return f.Tag.Get("sensitive") == "true"
-		}
-	}
-	return false
 }
 
 // List is a comma-separated list of strings; blanks around items and empty

@@ -175,3 +175,35 @@ func TestWebhookSources(t *testing.T) {
 	// A scheme's name and the form of its secrets are the webhook
 	// package's to judge: see the app tests.
 }
+
+// Every bad variable is reported at once, one line each, whether it does
+// not parse or parses to a value validation refuses: fixing them one start
+// at a time would take as many starts as there are mistakes.
+func TestEveryBadVariableIsReportedAtOnce(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv("WORKER_BATCH_SIZE", "abc")
+	t.Setenv("WORKER_CONCURRENCY", "x")
+	t.Setenv("RETRY_DELAYS", "5s,soon")
+	t.Setenv("WORKER_PREFETCH", "0")
+	var w config.Worker
+	err := config.Load(&w)
+	var cerr *config.Error
+	require.ErrorAs(t, err, &cerr)
+	named := map[string]int{}
+	for _, p := range cerr.Problems {
+		named[p.Var]++
+	}
+	require.Equal(t, map[string]int{"WORKER_BATCH_SIZE": 1, "WORKER_CONCURRENCY": 1, "RETRY_DELAYS": 1, "WORKER_PREFETCH": 1}, named, err.Error())
+	require.Len(t, strings.Split(err.Error(), "\n"), 4, "one line per bad variable")
+	require.Contains(t, err.Error(), `invalid configuration: WORKER_BATCH_SIZE: "abc" is not a valid integer`)
+	require.Contains(t, err.Error(), `invalid configuration: WORKER_CONCURRENCY: "x" is not a valid integer`)
+	require.Contains(t, err.Error(), `invalid configuration: RETRY_DELAYS: "5s,soon" is not a valid comma-separated list of durations`)
+	require.Contains(t, err.Error(), "invalid configuration: WORKER_PREFETCH: must be between 1 and 65535, got 0")
+
+	// A variable fixed is no longer reported; the others still are.
+	t.Setenv("WORKER_CONCURRENCY", "8")
+	err = config.Load(&w)
+	require.ErrorAs(t, err, &cerr)
+	require.Len(t, cerr.Problems, 3, err.Error())
+	require.NotContains(t, err.Error(), "WORKER_CONCURRENCY")
+}

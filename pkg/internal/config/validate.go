@@ -8,27 +8,16 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 )
 
 func (c *Connections) validate(p *problems, needRedis, needDB bool) {
-	vhosts := map[string]bool{}
-	for _, u := range strings.Split(c.AMQPURL, ",") {
-		uri, err := amqp.ParseURI(strings.TrimSpace(u))
-		if err != nil {
-			p.add("AMQP_URL", "not a valid AMQP URL, or comma-separated list of the URLs of a cluster's nodes (%v)", err)
-			break
-		}
-		vhosts[uri.Vhost] = true
-	}
-	if len(vhosts) > 1 {
-		p.add("AMQP_URL", "the nodes' URLs name different vhosts; a cluster's nodes serve one vhost")
+	if err := CheckAMQPURL(c.AMQPURL); err != nil {
+		p.add("AMQP_URL", "%v", err)
 	}
 	if needRedis {
 		if _, _, err := ParseRedisURL(c.RedisURL); err != nil {
-			p.add("REDIS_URL", "not a valid Redis URL (%v)", err)
+			p.add("REDIS_URL", "%v", err)
 		}
 	}
 	if needDB {
@@ -38,13 +27,8 @@ func (c *Connections) validate(p *problems, needRedis, needDB bool) {
 }
 
 func validateDatabaseURL(p *problems, url string) {
-	if url == "" {
-		p.add("DATABASE_URL", "must not be empty")
-		return
-	}
-	if _, err := pgconn.ParseConfig(url); err != nil {
-		// pgconn redacts passwords in its errors.
-		p.add("DATABASE_URL", "not a valid PostgreSQL connection string (%v)", err)
+	if err := CheckDatabaseURL(url); err != nil {
+		p.add("DATABASE_URL", "%v", err)
 	}
 }
 
@@ -190,12 +174,8 @@ func (c *Worker) Validate() error {
 	checkPositive(&p, "PROCESS_TIMEOUT", c.ProcessTimeout)
 	checkPositive(&p, "PUBLISH_TIMEOUT", c.PublishTimeout)
 	checkPositive(&p, "SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
-	switch c.RabbitMQManagementURL {
-	case "auto", "off":
-	default:
-		if u, err := url.Parse(c.RabbitMQManagementURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			p.add("RABBITMQ_MANAGEMENT_URL", "must be auto, off, or an http(s) URL")
-		}
+	if err := CheckManagementURL(c.RabbitMQManagementURL); err != nil {
+		p.add("RABBITMQ_MANAGEMENT_URL", "%v", err)
 	}
 	c.Outbox.validate(&p)
 	if c.QueueStatsInterval < time.Second {
@@ -216,18 +196,20 @@ func (c *Migrate) Validate() error {
 
 // ParseRedisURL reads a REDIS_URL of any of the three forms dedupe.Open
 // takes (one server, a Sentinel-managed master, a cluster), and reports
-// whether it names a cluster.
+// whether it names a cluster. Its error says what is wrong in words and
+// repeats no part of redisURL (go-redis's own errors quote it, password and
+// all); it is not wrapped, so no caller can print the original by mistake.
 func ParseRedisURL(redisURL string) (opts *redis.UniversalOptions, cluster bool, err error) {
 	u, err := url.Parse(redisURL)
 	if err != nil {
-		return nil, false, err
+		return nil, false, redisURLError(redisURL, err)
 	}
 	q := u.Query()
 	switch {
 	case q.Has("master_name"):
 		f, err := redis.ParseFailoverURL(redisURL)
 		if err != nil {
-			return nil, false, err
+			return nil, false, redisURLError(redisURL, err)
 		}
 		return &redis.UniversalOptions{Addrs: f.SentinelAddrs, MasterName: f.MasterName, DB: f.DB,
 			Username: f.Username, Password: f.Password, SentinelUsername: f.SentinelUsername,
@@ -235,13 +217,13 @@ func ParseRedisURL(redisURL string) (opts *redis.UniversalOptions, cluster bool,
 	case q.Has("addr"):
 		c, err := redis.ParseClusterURL(redisURL)
 		if err != nil {
-			return nil, false, err
+			return nil, false, redisURLError(redisURL, err)
 		}
 		return &redis.UniversalOptions{Addrs: c.Addrs, Username: c.Username, Password: c.Password, TLSConfig: c.TLSConfig}, true, nil
 	}
 	o, err := redis.ParseURL(redisURL)
 	if err != nil {
-		return nil, false, err
+		return nil, false, redisURLError(redisURL, err)
 	}
 	return &redis.UniversalOptions{Addrs: []string{o.Addr}, DB: o.DB, Username: o.Username, Password: o.Password,
 		TLSConfig: o.TLSConfig, Protocol: o.Protocol}, false, nil

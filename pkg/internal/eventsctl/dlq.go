@@ -115,6 +115,24 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// urlsOK reports on stderr, after name, the first of the URLs a subcommand
+// uses (the broker's, with amqp; the database's, with db) that does not
+// parse, and returns whether all do.
+func (f *dlqFlags) urlsOK(name string, amqp, db bool, stderr io.Writer) bool {
+	var err error
+	if amqp {
+		err = checkAMQPURL(f.amqpURL)
+	}
+	if err == nil && db {
+		err = checkDatabaseURL(f.dbURL)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, name+":", err)
+		return false
+	}
+	return true
+}
+
 func (f *dlqFlags) client(opts dlq.Options) *dlq.Client {
 	opts.Dialer = broker.Dialer{URL: f.amqpURL, Name: "eventsctl dlq"}
 	opts.ScanLimit = f.scanLimit
@@ -136,6 +154,9 @@ func dlqList(ctx context.Context, args []string, env Env, stdout, stderr io.Writ
 	}
 	if len(rest) > 0 {
 		fmt.Fprintf(stderr, "eventsctl dlq list: unexpected arguments %q (use -id)\n", rest)
+		return 2
+	}
+	if !f.urlsOK("eventsctl dlq list", true, false, stderr) {
 		return 2
 	}
 	f.filter.IDs = f.ids
@@ -171,6 +192,9 @@ func dlqShow(ctx context.Context, args []string, env Env, stdout, stderr io.Writ
 	}
 	if len(rest) != 1 {
 		fmt.Fprintln(stderr, "eventsctl dlq show: give exactly one DLQ id")
+		return 2
+	}
+	if !f.urlsOK("eventsctl dlq show", true, false, stderr) {
 		return 2
 	}
 	m, err := f.client(dlq.Options{}).Show(ctx, rest[0])
@@ -244,6 +268,9 @@ func dlqMutate(ctx context.Context, action string, args []string, env Env, stdou
 	}
 	if *maxN < 0 || (rateLimit != nil && *rateLimit <= 0) {
 		fmt.Fprintln(stderr, name+": -max must not be negative and -rate must be positive")
+		return 2
+	}
+	if !f.urlsOK(name, true, true, stderr) {
 		return 2
 	}
 	audit, err := dlq.OpenAudit(ctx, f.dbURL)
@@ -323,6 +350,9 @@ func dlqAudit(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	if f.dbURL == "" {
 		fmt.Fprintln(stderr, "eventsctl dlq audit: DATABASE_URL (or -database-url) is required")
+		return 2
+	}
+	if !f.urlsOK("eventsctl dlq audit", false, true, stderr) {
 		return 2
 	}
 	audit, err := dlq.OpenAudit(ctx, f.dbURL)

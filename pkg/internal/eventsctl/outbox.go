@@ -69,6 +69,10 @@ func (f *outboxFlags) open(ctx context.Context, name string, stderr io.Writer) (
 		fmt.Fprintf(stderr, "eventsctl outbox %s: DATABASE_URL (or -database-url) is required\n", name)
 		return nil, 2
 	}
+	if err := checkDatabaseURL(f.dbURL); err != nil {
+		fmt.Fprintf(stderr, "eventsctl outbox %s: %v\n", name, err)
+		return nil, 2
+	}
 	db, err := pgxpool.New(ctx, f.dbURL)
 	if err != nil {
 		fmt.Fprintf(stderr, "eventsctl outbox %s: %v\n", name, err)

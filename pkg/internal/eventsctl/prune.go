@@ -68,6 +68,9 @@ func pruneCmd(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	if *dbURL == "" {
 		return fail(2, "DATABASE_URL (or -database-url) is required")
 	}
+	if err := checkDatabaseURL(*dbURL); err != nil {
+		return fail(2, "%v", err)
+	}
 	log, err := logging.New(orDefault(env("LOG_LEVEL"), "info"), orDefault(env("LOG_FORMAT"), "json"))
 	if err != nil {
 		return fail(2, "%v", err)
@@ -77,9 +80,6 @@ func pruneCmd(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	if *checkOnly {
 		if err := opts.CheckSettings(); err != nil {
 			return fail(2, "%v", err)
-		}
-		if _, err := pgxpool.ParseConfig(*dbURL); err != nil {
-			return fail(2, "DATABASE_URL: %v", err)
 		}
 		fmt.Fprintln(stdout, "eventsctl prune: configuration ok")
 		return 0

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/logging"
@@ -132,6 +131,9 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 	case *rate < 0:
 		return fail(2, "-rate must be positive")
 	}
+	if err := checkDatabaseURL(*dbURL); err != nil {
+		return fail(2, "%v", err)
+	}
 
 	log, err := logging.New(orDefault(env("LOG_LEVEL"), "info"), orDefault(env("LOG_FORMAT"), "json"))
 	if err != nil {
@@ -148,7 +150,7 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 			return fail(2, "%v", err)
 		}
 		if *checkOnly {
-			return checkReconcileConfig(nil, *dbURL, "", stdout, fail)
+			return checkReconcileConfig(nil, stdout, fail)
 		}
 		db, err := pgxpool.New(ctx, *dbURL)
 		if err != nil {
@@ -192,8 +194,13 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 		Source: *source, Since: *since, Settle: *settle, Types: typeList, UndeliveredOnly: *undelivered,
 		DryRun: *dryRun, PublishTimeout: 10 * time.Second, Logger: log.Named("reconcile"),
 	}
+	if !*dryRun {
+		if err := checkAMQPURL(*amqpURL); err != nil {
+			return fail(2, "%v", err)
+		}
+	}
 	if *checkOnly {
-		return checkReconcileConfig(&opts, *dbURL, *amqpURL, stdout, fail)
+		return checkReconcileConfig(&opts, stdout, fail)
 	}
 	db, err := pgxpool.New(ctx, *dbURL)
 	if err != nil {
@@ -234,22 +241,12 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 }
 
 // checkReconcileConfig is -check-config: every check a run makes before it
-// calls a service, and the URLs parsed as the clients would parse them
-// (opts nil: GitHub's, checked by NewGitHubHook already).
-func checkReconcileConfig(opts *reconcile.Options, dbURL, amqpURL string, stdout io.Writer, fail func(int, string, ...any) int) int {
+// calls a service (opts nil: GitHub's, checked by NewGitHubHook already).
+// The URLs were checked as the clients parse them before it is called.
+func checkReconcileConfig(opts *reconcile.Options, stdout io.Writer, fail func(int, string, ...any) int) int {
 	if opts != nil {
 		if err := opts.CheckSettings(); err != nil {
 			return fail(2, "%v", err)
-		}
-	}
-	if _, err := pgxpool.ParseConfig(dbURL); err != nil {
-		return fail(2, "DATABASE_URL: %v", err)
-	}
-	if opts != nil && !opts.DryRun {
-		for _, u := range broker.Nodes(amqpURL) {
-			if _, err := amqp.ParseURI(u); err != nil {
-				return fail(2, "AMQP_URL: %v", err)
-			}
 		}
 	}
 	fmt.Fprintln(stdout, "eventsctl reconcile: configuration ok")

@@ -43,6 +43,16 @@ func status(ctx context.Context, args []string, env Env, stdout, stderr io.Write
 	if err := fs.Parse(args); err != nil {
 		return flagStatus(err)
 	}
+	checks := []error{checkAMQPURL(*amqpURL), checkManagementURL(*mgmt)}
+	if *dbURL != "" {
+		checks = append(checks, checkDatabaseURL(*dbURL))
+	}
+	if err := errors.Join(checks...); err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintln(stderr, "eventsctl status:", line)
+		}
+		return 2
+	}
 	failed := false
 
 	base, err := queuestats.ManagementURL(*mgmt, *amqpURL)

@@ -27,6 +27,10 @@ func verify(ctx context.Context, args []string, env Env, stdout, stderr io.Write
 		fmt.Fprintln(stderr, "eventsctl verify: -id and DATABASE_URL (or -database-url) are required")
 		return 2
 	}
+	if err := checkDatabaseURL(*dbURL); err != nil {
+		fmt.Fprintln(stderr, "eventsctl verify:", err)
+		return 2
+	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	var payments, ledger, doubled int
