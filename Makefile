@@ -21,8 +21,8 @@ services: ## Start local RabbitMQ, Redis and PostgreSQL if they are not listenin
 	hack/services.sh
 
 .PHONY: dev
-dev: services build ## Migrate, then run receiver + worker in the foreground against local services (Ctrl-C stops both)
-	BIN=$(BIN) hack/dev.sh
+dev: services build ## Migrate, then run receiver + worker in the foreground against local services (Ctrl-C stops both; WORKER=./examples/orders runs your own worker)
+	BIN=$(BIN) WORKER=$(WORKER) hack/dev.sh
 
 .PHONY: test
 test: ## The whole suite, stage by stage with a table of their times (hack/test.sh): services, packages, Go tests on the real services, lint, short fuzz and chaos runs, alert/dashboard checks, chart/image/dev-loop checks, the chart on a real one-node Kubernetes

@@ -30,7 +30,7 @@ func main() {
 		}
 	}
 	reg := payments.Effects() // keep the built-in payment state
-	reg.HandleFunc("stripe", "payment_intent.succeeded", createOrder)
+	reg.HandleFunc("orders.create", "stripe", "payment_intent.succeeded", createOrder)
 	os.Exit(service.Worker(reg))
 }
 

@@ -19,7 +19,7 @@ func TestASucceededPaymentMakesAnOrder(t *testing.T) {
 	t.Parallel()
 	db := effectstest.DB(t, setup)
 	reg := payments.Effects()
-	reg.HandleFunc("stripe", "payment_intent.succeeded", createOrder)
+	reg.HandleFunc("orders.create", "stripe", "payment_intent.succeeded", createOrder)
 	ev := effectstest.Event(t, effectstest.StripeEvent(t, "evt_order_1", "payment_intent.succeeded", time.Now(),
 		effectstest.PaymentIntent("pi_order_1", "succeeded", 2500)))
 	require.NoError(t, effectstest.Handle(t, db, reg, ev, func(tx effects.Tx) {
@@ -34,7 +34,7 @@ func TestASucceededPaymentMakesAnOrder(t *testing.T) {
 func TestOrdersAreWrittenExactlyOnce(t *testing.T) {
 	t.Parallel()
 	reg := payments.Effects()
-	reg.HandleFunc("stripe", "payment_intent.succeeded", createOrder)
+	reg.HandleFunc("orders.create", "stripe", "payment_intent.succeeded", createOrder)
 	var fixtures [][]byte
 	for _, id := range []string{"1", "2", "3", "4", "5"} {
 		fixtures = append(fixtures, effectstest.StripeEvent(t, "evt_o_"+id, "payment_intent.succeeded", time.Now(),

@@ -759,8 +759,13 @@ func checkMigration(t *testing.T, r *rendering) {
 		}
 		return
 	}
-	if !isHook(o, "pre-install") || !isHook(o, "pre-upgrade") {
-		t.Errorf("%s: helm.sh/hook %q, want pre-install,pre-upgrade", o, o.u.GetAnnotations()["helm.sh/hook"])
+	if !isHook(o, "pre-install") || !isHook(o, "pre-upgrade") || !isHook(o, "pre-rollback") {
+		t.Errorf("%s: helm.sh/hook %q, want pre-install,pre-upgrade,pre-rollback", o, o.u.GetAnnotations()["helm.sh/hook"])
+	}
+	// The hook announces the release the new worker pods belong to.
+	got := envOf(t, r, "Job", o.name(), "migrate")["WORKER_RELEASE"]
+	if want := envOf(t, r, "Deployment", fullname+"-worker", "worker")["WORKER_RELEASE"]; got == "" || got != want {
+		t.Errorf("%s: WORKER_RELEASE %q, the workers' %q", o, got, want)
 	}
 	if o.u.GetAnnotations()["helm.sh/hook-delete-policy"] != "before-hook-creation" {
 		t.Errorf("%s: hook-delete-policy %q", o, o.u.GetAnnotations()["helm.sh/hook-delete-policy"])

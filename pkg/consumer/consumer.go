@@ -17,7 +17,8 @@
 //
 // Per object (the message's x-ie-object-id) the relay publishes messages in
 // their sequence order (x-ie-seq), one at a time: a queue with one consumer
-// (Concurrency 1, the default) sees them in that order.
+// sees them in that order (a Consumer handles its deliveries in the order
+// they arrive; several consumers on one queue share them out of order).
 package consumer
 
 import (

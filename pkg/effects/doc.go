@@ -49,6 +49,6 @@
 // A worker binary is a Registry and one call:
 //
 //	reg := payments.Effects() // the built-in payment state (optional)
-//	reg.HandleFunc("stripe", "payment_intent.succeeded", createOrder)
+//	reg.HandleFunc("orders.create", "stripe", "payment_intent.succeeded", createOrder)
 //	os.Exit(service.Worker(reg))
 package effects

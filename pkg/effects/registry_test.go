@@ -50,9 +50,9 @@ func ev(source, typ, key string) effects.Event {
 func TestApplyRoutesRunsInOrderAndReportsWhatWasApplied(t *testing.T) {
 	var log []string
 	reg := effects.NewRegistry()
-	reg.Handle("stripe", "payment_intent.*", recorder{name: "pi", log: &log})
-	reg.Handle("*", "*", batcher{recorder: recorder{name: "all", log: &log}, skip: map[string]bool{"e4": true}})
-	reg.Handle("acme", "order.paid", recorder{name: "acme", log: &log, err: map[string]error{"e3": effects.Skip("not mine")}})
+	reg.Handle("pi", "stripe", "payment_intent.*", recorder{name: "pi", log: &log})
+	reg.Handle("all", "*", "*", batcher{recorder: recorder{name: "all", log: &log}, skip: map[string]bool{"e4": true}})
+	reg.Handle("acme", "acme", "order.paid", recorder{name: "acme", log: &log, err: map[string]error{"e3": effects.Skip("not mine")}})
 
 	evs := []effects.Event{
 		ev("stripe", "payment_intent.succeeded", "e1"),
@@ -73,7 +73,7 @@ func TestApplyStopsAtTheFirstErrorAndKeepsItsKind(t *testing.T) {
 	var log []string
 	boom := errors.New("boom")
 	reg := effects.NewRegistry()
-	reg.Handle("*", "*", recorder{name: "h", log: &log, err: map[string]error{"e2": effects.Permanent(boom)}})
+	reg.Handle("h", "*", "*", recorder{name: "h", log: &log, err: map[string]error{"e2": effects.Permanent(boom)}})
 	_, err := reg.Apply(context.Background(), []effects.Event{ev("s", "t", "e1"), ev("s", "t", "e2"), ev("s", "t", "e3")}, nil, nil)
 	require.Error(t, err)
 	assert.Equal(t, []string{"h:e1", "h:e2"}, log)
@@ -88,11 +88,11 @@ func TestApplyStopsAtTheFirstErrorAndKeepsItsKind(t *testing.T) {
 func TestTransitionsReachTheirHandlers(t *testing.T) {
 	var got []string
 	reg := effects.NewRegistry()
-	reg.OnTransitionFunc("payment_intent", "succeeded", func(_ context.Context, tr effects.Transition, _ effects.Tx, _ effects.Outbox) error {
+	reg.OnTransitionFunc("pi.succeeded", "payment_intent", "succeeded", func(_ context.Context, tr effects.Transition, _ effects.Tx, _ effects.Outbox) error {
 		got = append(got, "succeeded:"+tr.Object.ID+":"+tr.From)
 		return nil
 	})
-	reg.OnTransitionFunc("payment_intent", "*", func(_ context.Context, tr effects.Transition, _ effects.Tx, _ effects.Outbox) error {
+	reg.OnTransitionFunc("pi.any", "payment_intent", "*", func(_ context.Context, tr effects.Transition, _ effects.Tx, _ effects.Outbox) error {
 		got = append(got, "any:"+tr.To)
 		return nil
 	})
@@ -105,4 +105,45 @@ func TestTransitionsReachTheirHandlers(t *testing.T) {
 
 func TestNoOutboxRefusesRatherThanDrops(t *testing.T) {
 	require.ErrorIs(t, effects.NoOutbox{}.Enqueue(context.Background(), effects.Event{}, effects.Message{}), effects.ErrNoOutbox)
+}
+
+// A registry's identity is the set of its handlers' names and routes: the
+// same whatever the order of registration, different when a handler is
+// added, renamed or routed elsewhere. Names are checked and unique.
+func TestTheHandlerSetIsTheNamesAndRoutesNotTheOrder(t *testing.T) {
+	nop := func(context.Context, effects.Event, effects.Tx, effects.Outbox) error { return nil }
+	tnop := func(context.Context, effects.Transition, effects.Tx, effects.Outbox) error { return nil }
+	build := func(steps ...func(*effects.Registry)) effects.Set {
+		reg := effects.NewRegistry()
+		for _, s := range steps {
+			s(reg)
+		}
+		return reg.Set()
+	}
+	orders := func(r *effects.Registry) { r.HandleFunc("orders.create", "stripe", "payment_intent.succeeded", nop) }
+	receipts := func(r *effects.Registry) { r.OnTransitionFunc("receipts", "payment_intent", "succeeded", tnop) }
+
+	a := build(orders, receipts)
+	require.Len(t, a.ID, 16)
+	require.Equal(t, a, build(receipts, orders), "order of registration")
+	require.Equal(t, []string{"orders.create", "receipts"}, []string{a.Handlers[0].Name, a.Handlers[1].Name})
+	require.True(t, a.Has("receipts"))
+	require.False(t, a.Has("audit"))
+
+	for name, other := range map[string]effects.Set{
+		"a handler fewer": build(orders),
+		"renamed":         build(receipts, func(r *effects.Registry) { r.HandleFunc("orders.new", "stripe", "payment_intent.succeeded", nop) }),
+		"routed elsewhere": build(receipts, func(r *effects.Registry) {
+			r.HandleFunc("orders.create", "stripe", "payment_intent.*", nop)
+		}),
+	} {
+		require.NotEqual(t, a.ID, other.ID, name)
+	}
+
+	reg := effects.NewRegistry()
+	reg.HandleFunc("orders.create", "stripe", "*", nop)
+	require.PanicsWithValue(t, `effects: OnTransition("orders.create", "payment_intent", "*"): a handler named "orders.create" is already registered`,
+		func() { reg.OnTransitionFunc("orders.create", "payment_intent", "*", tnop) })
+	require.Panics(t, func() { reg.HandleFunc("Orders", "stripe", "*", nop) }, "upper case")
+	require.Panics(t, func() { reg.HandleFunc("", "stripe", "*", nop) }, "empty")
 }

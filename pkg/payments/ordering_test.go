@@ -155,8 +155,8 @@ func TestOrderSafeStateUnderShuffles(t *testing.T) {
 			VALUES ($1, $2, $3, $4, $5)`, tr.Object.Type, tr.Object.ID, tr.From, tr.To, tr.Event.Key)
 		return err
 	}
-	fx.OnTransitionFunc(payments.PaymentIntent, "*", logTransition)
-	fx.OnTransitionFunc(payments.Charge, "*", logTransition)
+	fx.OnTransitionFunc("log.payment_intent", payments.PaymentIntent, "*", logTransition)
+	fx.OnTransitionFunc("log.charge", payments.Charge, "*", logTransition)
 	p.Effects = fx
 	p.Tune = func(c *config.Worker) { c.Prefetch, c.BatchSize, c.Concurrency = 256, 64, 4 }
 	p.StartWorker("")

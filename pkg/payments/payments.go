@@ -58,9 +58,12 @@ func Effects() *effects.Registry {
 	return reg
 }
 
-// Register adds the built-in payment effect to reg.
+// HandlerName is the name of the built-in payment effect in a Registry.
+const HandlerName = "payments"
+
+// Register adds the built-in payment effect to reg, named HandlerName.
 func Register(reg *effects.Registry) {
-	reg.Handle("*", "*", &handler{reg: reg})
+	reg.Handle(HandlerName, "*", "*", &handler{reg: reg})
 }
 
 type handler struct {

@@ -280,6 +280,12 @@ exception is the first install with the bundled PostgreSQL: a pre-install hook
 would wait for a database that is only created after the hooks, so then the Job
 is an ordinary object and the pods' `migrate wait` init containers hold them.
 */}}
+{{/* The release the worker pods belong to (WORKER_RELEASE): a rollback
+reuses the manifest of the revision it returns to, so it names that one. */}}
+{{- define "idempotent-events.workerRelease" -}}
+{{- printf "%s-%d" .Release.Name (int .Release.Revision) -}}
+{{- end -}}
+
 {{- define "idempotent-events.migration.isHook" -}}
 {{- if not (and .Values.postgresql.enabled .Release.IsInstall) -}}
 true

@@ -73,7 +73,7 @@ func TestAssertExactlyOnceCatchesAHandlerThatWritesThroughThePool(t *testing.T) 
 	if os.Getenv("EFFECTSTEST_POOL_WRITER") == "1" {
 		var pool *pgxpool.Pool
 		reg := effects.NewRegistry()
-		reg.Handle("stripe", "*", poolWriter(func() *pgxpool.Pool { return pool }))
+		reg.Handle("pool-writer", "stripe", "*", poolWriter(func() *pgxpool.Pool { return pool }))
 		effectstest.AssertExactlyOnce(t, effectstest.Options{
 			Effects: reg,
 			Fixtures: [][]byte{

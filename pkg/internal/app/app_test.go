@@ -21,6 +21,8 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/pipelinetest"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
 	"github.com/idempotent-events/idempotent-events/pkg/payments"
 )
 
@@ -198,4 +200,29 @@ func TestARelayOnlyWorkerPublishesTheOutboxAndConsumesNothing(t *testing.T) {
 	assert.Equal(t, 0, q.Consumers, "a relay-only worker consumes %s", broker.MainQueue)
 	assert.Equal(t, 1, q.Messages)
 	assert.Equal(t, 0, p.LedgerRows())
+}
+
+// The chart's migration hook runs `migrate` with WORKER_RELEASE: after the
+// migrations it announces the release as the newest generation (no worker
+// of another handler set commits from then on); again, as a rollback
+// does, it is announced anew.
+func TestMigrateWithAReleaseAnnouncesIt(t *testing.T) {
+	dbURL := servicetest.Schema(t)
+	t.Setenv("DATABASE_URL", dbURL)
+	t.Setenv("WORKER_RELEASE", "ie-7")
+	for range 2 {
+		code, _, stderr := call(app.Migrate, "up")
+		require.Equal(t, 0, code, stderr)
+	}
+	st, err := store.Open(context.Background(), dbURL, 1)
+	require.NoError(t, err)
+	defer st.Close()
+	gens, err := st.Generations(context.Background())
+	require.NoError(t, err)
+	require.Len(t, gens, 2)
+	for i, g := range gens {
+		require.Equal(t, int64(2-i), g.Generation)
+		require.Equal(t, "ie-7", g.Release)
+		require.Empty(t, g.SetID, "announced: no worker registered")
+	}
 }

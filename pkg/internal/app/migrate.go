@@ -11,6 +11,7 @@ import (
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/migrate"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
 )
 
 const migrateUsage = `migrate: creates the database if needed and applies the embedded schema
@@ -18,7 +19,9 @@ migrations. Safe to run from several pods at once and to run again.
 Configuration is environment variables only (docs/configuration.md).
 
 usage: migrate [up | wait | --check-config | --version | --help]
-  up     apply pending migrations (the default)
+  up     apply pending migrations (the default); with WORKER_RELEASE,
+         then announce that release of the workers as the newest generation
+         (workers of other handler sets stop committing)
   wait   block until the schema is current (for init containers)
 `
 
@@ -37,6 +40,9 @@ func Migrate(args []string, stdout, stderr io.Writer) int {
 				}
 				log.Info("schema up to date", zap.Bool("created_database", res.CreatedDatabase),
 					zap.Int64s("applied", res.Applied), zap.Int64("schema_version", res.Version))
+				if cfg.Release != "" {
+					return announce(ctx, cfg, log)
+				}
 				return nil
 			case "wait":
 				ctx, cancel := context.WithTimeout(ctx, cfg.WaitTimeout)
@@ -52,4 +58,21 @@ func Migrate(args []string, stdout, stderr io.Writer) int {
 			return fmt.Errorf("unknown command %q", command)
 		},
 	}.main(args, stdout, stderr)
+}
+
+// announce makes cfg.Release the newest generation of the workers
+// (store.Announce).
+func announce(ctx context.Context, cfg config.Migrate, log *zap.Logger) error {
+	st, err := store.Open(ctx, cfg.DatabaseURL, 1)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	gen, err := st.Announce(ctx, cfg.Release)
+	if err != nil {
+		return err
+	}
+	log.Info("release announced: no worker commits until one of it registers its handler set; those of its set then go on",
+		zap.String("release", cfg.Release), zap.Int64("generation", gen))
+	return nil
 }

@@ -99,6 +99,7 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 		Ledger:          st,
 		Cache:           cache,
 		Effects:         fx,
+		Release:         cfg.Release,
 		Outbox:          notifier.Outbox,
 		Logger:          log,
 		Metrics:         wm,

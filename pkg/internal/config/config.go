@@ -165,6 +165,11 @@ type Worker struct {
 	RabbitMQManagementURL string        `envconfig:"RABBITMQ_MANAGEMENT_URL" default:"auto" sensitive:"true"`
 	QueueStatsInterval    time.Duration `envconfig:"QUEUE_STATS_INTERVAL" default:"15s"`
 
+	// Release names the deploy the worker belongs to, for the fence on
+	// handler sets (the chart sets <release>-<revision>); "": the worker's
+	// handler set names it.
+	Release string `envconfig:"WORKER_RELEASE"`
+
 	Outbox
 }
 
@@ -212,6 +217,11 @@ type Migrate struct {
 	// WaitTimeout bounds `migrate wait`, which init containers use to hold a
 	// pod until the schema is current.
 	WaitTimeout time.Duration `envconfig:"MIGRATE_WAIT_TIMEOUT" default:"5m"`
+	// Release, when set, is announced after `migrate up` as the newest
+	// generation of the workers (the chart's hook, with <release>-<revision>,
+	// before an upgrade or a rollback): workers of another handler set stop
+	// committing from then on.
+	Release string `envconfig:"WORKER_RELEASE"`
 }
 
 // Spec is the configuration of one binary (Receiver, Worker or Migrate): it

@@ -151,6 +151,49 @@ func printLedger(ctx context.Context, w io.Writer, dbURL string) error {
 	}
 	fmt.Fprintf(w, "\nledger: %d events processed in the last 5m, %d in the last 1h, %d in total; %d payments rows; %d event ids duplicated\n",
 		last5m, last1h, total, payments, doubled)
+	return printHandlerSets(ctx, w, conn)
+}
+
+// printHandlerSets lists the newest generations of the workers' handler
+// sets (package store, fence.go): the first is current, and only workers
+// of its set commit.
+func printHandlerSets(ctx context.Context, w io.Writer, conn *pgx.Conn) error {
+	rows, err := conn.Query(ctx, `SELECT g.generation, g.release, coalesce(g.set_id, ''),
+		coalesce((SELECT string_agg(h->>'name', ', ' ORDER BY h->>'name') FROM jsonb_array_elements(g.handlers) h), ''),
+		(SELECT count(*) FROM processed_events e WHERE e.generation = g.generation)
+		FROM handler_generations g ORDER BY g.generation DESC LIMIT 5`)
+	if err != nil {
+		return err
+	}
+	type gen struct {
+		n, events    int64
+		release, set string
+		handlers     string
+	}
+	gens, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (gen, error) {
+		var g gen
+		err := r.Scan(&g.n, &g.release, &g.set, &g.handlers, &g.events)
+		return g, err
+	})
+	if err != nil {
+		return err
+	}
+	if len(gens) == 0 {
+		fmt.Fprintln(w, "handler sets: none registered yet (no worker has started on this ledger)")
+		return nil
+	}
+	fmt.Fprintln(w, "handler sets, newest first (only workers of the current one commit):")
+	for i, g := range gens {
+		mark := " "
+		if i == 0 {
+			mark = "*"
+		}
+		if g.set == "" {
+			fmt.Fprintf(w, " %s generation %d  release %s  announced; no worker of it has registered yet (no worker commits until one does)\n", mark, g.n, g.release)
+			continue
+		}
+		fmt.Fprintf(w, " %s generation %d  release %s  set %s  handlers: %s  (%d events committed)\n", mark, g.n, g.release, g.set, g.handlers, g.events)
+	}
 	return nil
 }
 

@@ -188,9 +188,10 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // inserted: an event whose row exists is a duplicate and is not returned.
 // processed_at is the statement's clock, not now() (the transaction's
 // start), so received_at -> processed_at measures the pipeline's latency.
+// generation is the committing worker's (see fence.go), NULL without one.
 const insertLedger = `
-INSERT INTO processed_events (event_id, source, event_type, payload_sha256, received_at, attempt, processed_at)
-SELECT e.*, clock_timestamp()
+INSERT INTO processed_events (event_id, source, event_type, payload_sha256, received_at, attempt, processed_at, generation)
+SELECT e.*, clock_timestamp(), $7::bigint
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::int[]) AS e
 ORDER BY 1
 ON CONFLICT (event_id) DO NOTHING
@@ -229,7 +230,24 @@ type Apply func(ctx context.Context, tx Tx, fresh []int) (applied []bool, err er
 // existed is a duplicate and gets no second effect. It reports, for each
 // record in order, whether it was new. Records must have distinct event
 // ids. On error nothing was written.
+//
+// Commit does not fence (fence.go): it is for tools and tests that write the
+// ledger themselves. A worker commits with CommitAs.
 func (s *Store) Commit(ctx context.Context, recs []Record, apply Apply) ([]bool, error) {
+	return s.commit(ctx, nil, recs, apply)
+}
+
+// CommitAs is Commit for a worker registered as mine (Register): it writes
+// nothing and returns a *FencedError when mine's handler set is not the
+// current generation's, and records mine's generation in the ledger rows.
+func (s *Store) CommitAs(ctx context.Context, mine Fence, recs []Record, apply Apply) ([]bool, error) {
+	return s.commit(ctx, &mine, recs, apply)
+}
+
+func (s *Store) commit(ctx context.Context, f *Fence, recs []Record, apply Apply) ([]bool, error) {
+	if f != nil && f.SetID == "" {
+		return nil, errors.New("commit: the worker has not registered its handler set")
+	}
 	n := len(recs)
 	if n == 0 {
 		return nil, nil
@@ -253,11 +271,28 @@ func (s *Store) Commit(ctx context.Context, recs []Record, apply Apply) ([]bool,
 	}
 	var isNew []bool
 	var inserted []string
-	readLedger := func(rows pgx.Rows) (err error) {
+	var head []stmt
+	var gen *int64
+	if f != nil {
+		gen = &f.Generation
+		// The fence (fence.go): the lock shared, then the current
+		// generation, read in a statement of its own after it.
+		head = append(head, stmt{sql: fenceLockShared}, stmt{sql: currentGeneration, read: func(rows pgx.Rows) error {
+			var cur Generation
+			if _, err := pgx.ForEachRow(rows, []any{&cur.Generation, &cur.Release, &cur.SetID}, func() error { return nil }); err != nil {
+				return err
+			}
+			if cur.SetID != f.SetID {
+				return &FencedError{Mine: *f, Current: cur}
+			}
+			return nil
+		}})
+	}
+	head = append(head, stmt{sql: insertLedger, args: []any{ids, sources, types, digests, received, attempts, gen}, read: func(rows pgx.Rows) (err error) {
 		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		return err
-	}
-	err := s.inTx(ctx, readLedger, func(tx Tx) error {
+	}})
+	err := s.inTx(ctx, head, func(tx Tx) error {
 		slices.Sort(inserted)
 		isNew = make([]bool, n)
 		var fresh []int
@@ -293,18 +328,25 @@ func (s *Store) Commit(ctx context.Context, recs []Record, apply Apply) ([]bool,
 			}
 		}
 		return nil
-	}, insertLedger, ids, sources, types, digests, received, attempts)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("commit %d events: %w", n, err)
 	}
 	return isNew, nil
 }
 
-// inTx runs a transaction on one connection: BEGIN and the first
-// statement (first, with args) in one round trip, read reading the first
-// statement's rows, then fn. It commits when both return nil and rolls
-// back otherwise.
-func (s *Store) inTx(ctx context.Context, read func(pgx.Rows) error, fn func(tx Tx) error, first string, args ...any) error {
+// stmt is one statement of a transaction's first round trip; read, when
+// set, reads its rows.
+type stmt struct {
+	sql  string
+	args []any
+	read func(pgx.Rows) error
+}
+
+// inTx runs a transaction on one connection: BEGIN and the statements of
+// head in one round trip, each read by its read, then fn. It commits when
+// all return nil and rolls back otherwise.
+func (s *Store) inTx(ctx context.Context, head []stmt, fn func(tx Tx) error) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -312,13 +354,22 @@ func (s *Store) inTx(ctx context.Context, read func(pgx.Rows) error, fn func(tx 
 	defer conn.Release()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(first, args...)
+	for _, st := range head {
+		b.Queue(st.sql, st.args...)
+	}
 	br := conn.SendBatch(ctx, b)
 	_, err = br.Exec()
-	if err == nil {
+	for _, st := range head {
+		if err != nil {
+			break
+		}
+		if st.read == nil {
+			_, err = br.Exec()
+			continue
+		}
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
-			err = read(rows)
+			err = st.read(rows)
 			rows.Close()
 		}
 	}

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
+	"github.com/idempotent-events/idempotent-events/pkg/payments"
 )
 
 // orders is a team's own effect: an orders row per event, written in the
@@ -24,7 +26,7 @@ func orders(answer func(ev effects.Event) error) option {
 		_, err := e.store.Pool().Exec(context.Background(), `CREATE TABLE IF NOT EXISTS orders (event_id text PRIMARY KEY, attempt int)`)
 		require.NoError(e.t, err)
 		reg := effects.NewRegistry()
-		reg.HandleFunc("stripe", "payment_intent.*", func(ctx context.Context, ev effects.Event, tx effects.Tx, _ effects.Outbox) error {
+		reg.HandleFunc("test.payment-intents", "stripe", "payment_intent.*", func(ctx context.Context, ev effects.Event, tx effects.Tx, _ effects.Outbox) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1, $2)`, ev.Key, ev.Attempt); err != nil {
 				return err
 			}
@@ -93,7 +95,7 @@ func TestAHandlerThatEnqueuesThenFailsLeavesNeitherMessageNorLedgerRow(t *testin
 	e.publish(e.event("evt_enq_ok"))
 	w := e.start(batched(16, 200*time.Millisecond), func(o *worker.Options, _ *env) {
 		reg := effects.NewRegistry()
-		reg.HandleFunc("stripe", "*", func(ctx context.Context, ev effects.Event, _ effects.Tx, out effects.Outbox) error {
+		reg.HandleFunc("test.outbox", "stripe", "*", func(ctx context.Context, ev effects.Event, _ effects.Tx, out effects.Outbox) error {
 			if err := out.Enqueue(ctx, ev, effects.Message{Effect: "receipt", RoutingKey: "email.receipt"}); err != nil {
 				return err
 			}
@@ -137,7 +139,7 @@ func TestABatchOutboxKeepsNoMessageOfAHandlerThatFailed(t *testing.T) {
 		return nil
 	}}), func(o *worker.Options, _ *env) {
 		reg := effects.NewRegistry()
-		reg.HandleFunc("stripe", "*", func(ctx context.Context, ev effects.Event, _ effects.Tx, out effects.Outbox) error {
+		reg.HandleFunc("test.outbox", "stripe", "*", func(ctx context.Context, ev effects.Event, _ effects.Tx, out effects.Outbox) error {
 			mu.Lock()
 			handled = append(handled, ev.Key)
 			mu.Unlock()
@@ -171,5 +173,53 @@ func TestABatchOutboxKeepsNoMessageOfAHandlerThatFailed(t *testing.T) {
 	msgs := e.broker.Drain(broker.DLQ)
 	require.Len(t, msgs, 1)
 	assert.Equal(t, "evt_batch_fails", msgs[0].MessageId)
+	e.invariant()
+}
+
+// The stock worker and a team's own (the payment effect plus an orders
+// handler) consume one queue, as during a rolling deploy from the stock
+// image to the team's. The team's worker registered last: its handler set
+// is current. The stock worker, holding a batch it took before that, is
+// refused at COMMIT: the batch goes back to the queue (not to a retry tier
+// or the DLQ), the stock worker takes nothing more and says so, and every
+// event is committed once by the team's worker, with its orders row and
+// the team's generation in its ledger row.
+func TestAWorkerOfAnOlderHandlerSetIsFencedAndItsEventsWaitForTheCurrentOne(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	_, err := e.store.Pool().Exec(context.Background(), `CREATE TABLE orders (event_id text PRIMARY KEY)`)
+	require.NoError(t, err)
+	teamUp := make(chan struct{})
+	stock := e.start(concurrency(1), batched(64, 200*time.Millisecond), hooks(worker.Hooks{AfterDedupeCheck: func([]string) error {
+		<-teamUp // the batch in hand when the team's worker starts
+		return nil
+	}}))
+	ids := make([]string, 40)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("evt_fence_%02d", i)
+		e.publish(e.event(ids[i]))
+	}
+	eventually(t, func() bool { return stock.count("idempotent_events_worker_in_flight") > 0 }, "the stock worker holds a batch")
+
+	team := e.start(databaseURL(e.dbURL), func(o *worker.Options, _ *env) {
+		reg := payments.Effects()
+		reg.HandleFunc("orders.create", "stripe", "payment_intent.*", func(ctx context.Context, ev effects.Event, tx effects.Tx, _ effects.Outbox) error {
+			_, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, ev.Key)
+			return err
+		})
+		o.Effects = reg
+	})
+	close(teamUp)
+
+	eventually(t, func() bool { return team.outcomes("processed") == float64(len(ids)) }, "the team's worker committed every event")
+	eventually(t, func() bool { return stock.count("idempotent_events_worker_fenced") == 1 }, "the stock worker is fenced")
+	require.ErrorContains(t, stock.w.Ready(), "fenced: handler set")
+	require.Zero(t, stock.outcomes("processed"))
+	require.Zero(t, stock.outcomes("retried")+stock.outcomes("dead_lettered")+team.outcomes("retried")+team.outcomes("dead_lettered"))
+	require.Equal(t, len(ids), e.queryInt(`SELECT count(*) FROM orders`))
+	require.Equal(t, len(ids), e.queryInt(`SELECT count(*) FROM processed_events e JOIN handler_generations g USING (generation)
+		WHERE g.handlers @> '[{"name": "orders.create"}]'`))
+	require.Equal(t, 2, e.queryInt(`SELECT count(*) FROM handler_generations`))
+	require.Empty(t, e.broker.Drain(broker.DLQ))
 	e.invariant()
 }

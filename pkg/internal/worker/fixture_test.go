@@ -220,8 +220,8 @@ type lostAnswers struct {
 	left atomic.Int32
 }
 
-func (l *lostAnswers) Commit(ctx context.Context, recs []store.Record, apply store.Apply) ([]bool, error) {
-	isNew, err := l.Ledger.Commit(ctx, recs, apply)
+func (l *lostAnswers) CommitAs(ctx context.Context, mine store.Fence, recs []store.Record, apply store.Apply) ([]bool, error) {
+	isNew, err := l.Ledger.CommitAs(ctx, mine, recs, apply)
 	if err == nil && l.left.Add(-1) >= 0 {
 		return nil, errors.New("read tcp 127.0.0.1:5432: connection reset by peer")
 	}

@@ -29,6 +29,10 @@ type Metrics struct {
 	// allowAsync says DURABILITY_ALLOW_ASYNC=true.
 	durability *prometheus.GaugeVec
 	allowAsync prometheus.Gauge
+	// fenced and handlerSet: the worker's handler set and whether it is
+	// the current generation's (see fence.go).
+	fenced     prometheus.Gauge
+	handlerSet *prometheus.GaugeVec
 }
 
 // SetDurability exports the ledger's replication mode (single, sync,
@@ -118,7 +122,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Namespace: telemetry.Namespace, Subsystem: sub, Name: "durability_allow_async",
 		Help: "1 when DURABILITY_ALLOW_ASYNC=true: the worker runs on a primary whose standbys are asynchronous.",
 	})
-	reg.MustRegister(m.paused, m.pauses, m.durability, m.allowAsync)
+	m.fenced = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: telemetry.Namespace, Subsystem: sub, Name: "fenced",
+		Help: "1 while the worker's handler set is not the current generation's: it takes no events and commits none.",
+	})
+	m.handlerSet = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: telemetry.Namespace, Subsystem: sub, Name: "handler_set",
+		Help: "1 for the handler set the worker runs and the generation it registered it as.",
+	}, []string{"set", "generation"})
+	reg.MustRegister(m.paused, m.pauses, m.durability, m.allowAsync, m.fenced, m.handlerSet)
 	reg.MustRegister(m.events, m.duplicates, m.retries, m.deadLetters, m.batchSize, m.batchSeconds, m.txSeconds,
 		m.endToEnd, m.redisLookups, m.redisWrites, m.inFlight, m.ackFailures)
 	m.Broker = broker.NewConnMetrics(reg, sub)

@@ -19,12 +19,15 @@ import (
 
 // Ledger commits events; *store.Store is the real one.
 type Ledger interface {
-	Commit(ctx context.Context, recs []store.Record, apply store.Apply) ([]bool, error)
+	// CommitAs commits as the worker's registration; see store.CommitAs.
+	CommitAs(ctx context.Context, mine store.Fence, recs []store.Record, apply store.Apply) ([]bool, error)
 	Digests(ctx context.Context, ids []string) ([]string, error)
 	RecordConflicts(ctx context.Context, cs []store.Conflict) error
 	Ping(ctx context.Context) error
 	// Epoch names the ledger; see store.Epoch.
 	Epoch(ctx context.Context) (string, error)
+	// Register records the worker's handler set; see store.Register.
+	Register(ctx context.Context, release, setID string, handlers any) (store.Fence, store.Generation, error)
 }
 
 // Cache is the Redis fast path; *dedupe.Cache is the real one.
@@ -251,12 +254,18 @@ func (w *Worker) policy() policy {
 // own so that only the bad one is retried or dead-lettered.
 func (w *Worker) commit(ctx context.Context, msgs []*message, isolate bool) error {
 	isNew, err := w.commitOnce(ctx, msgs)
+	if errors.Is(err, store.ErrFenced) {
+		return w.fenced(err)
+	}
 	if err != nil && w.stillReachable(ctx, err) {
 		// One connection was lost but Postgres answers: try once more on a
 		// fresh connection before calling it an outage. If the lost answer
 		// was COMMIT's, the rows are there and this run finds them as
 		// duplicates — still one row each.
 		isNew, err = w.commitOnce(ctx, msgs)
+		if errors.Is(err, store.ErrFenced) {
+			return w.fenced(err)
+		}
 	}
 	if errors.Is(err, errAbandoned) {
 		return err
@@ -383,7 +392,7 @@ func (w *Worker) commitOnce(ctx context.Context, msgs []*message) (isNew []bool,
 	tctx, cancel := context.WithTimeout(ctx, w.opts.ProcessTimeout)
 	defer cancel()
 	start := time.Now()
-	isNew, err = w.opts.Ledger.Commit(tctx, recs, apply)
+	isNew, err = w.opts.Ledger.CommitAs(tctx, w.fence.registration(), recs, apply)
 	w.m.txSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		if store.IsPermanent(err) && !isHandlerResult(err) {

@@ -45,6 +45,9 @@ type Options struct {
 	Cache  Cache
 	// Effects are the handlers run in each event's transaction.
 	Effects *effects.Registry
+	// Release names the deploy the worker belongs to (WORKER_RELEASE);
+	// "": its handler set does (see store/fence.go).
+	Release string
 	// Outbox gives the handlers of a transaction the outbox that writes in
 	// it (one with a Flush(ctx) error method is flushed after the handlers,
 	// before COMMIT; one with a Committed() method is told after COMMIT);
@@ -90,6 +93,7 @@ type Worker struct {
 	m         *Metrics
 	consuming atomic.Bool
 	epoch     epochState
+	fence     fenceState
 }
 
 // New validates opts and returns a Worker.
@@ -102,6 +106,9 @@ func New(opts Options) (*Worker, error) {
 
 // Ready is nil while the worker is consuming.
 func (w *Worker) Ready() error {
+	if reason := w.fence.fencedReason(); reason != "" {
+		return errors.New("fenced: " + reason)
+	}
 	if !w.consuming.Load() {
 		return errors.New("not consuming: broker not connected")
 	}
@@ -178,16 +185,22 @@ func (w *Worker) serve(ctx context.Context, conn *amqp.Connection) error {
 	}
 	defer pub.Close()
 	for {
-		if !w.awaitDependencies(ctx) {
+		if !w.awaitDependencies(ctx) || !w.awaitCurrent(ctx) {
 			return nil
 		}
 		err := w.consumeRound(ctx, conn, pub)
-		if !errors.Is(err, errDependencyDown) {
+		switch {
+		case errors.Is(err, errDependencyDown):
+			// The consumers are closed and their deliveries back in the
+			// queue; wait for Postgres on the same connection, then
+			// consume again.
+			w.m.pauses.Inc()
+		case errors.Is(err, errFenced):
+			// Another handler set is current: the deliveries are back in
+			// the queue for its workers; awaitCurrent waits (fence.go).
+		default:
 			return err
 		}
-		// The consumers are closed and their deliveries back in the queue;
-		// wait for Postgres on the same connection, then consume again.
-		w.m.pauses.Inc()
 	}
 }
 
@@ -391,9 +404,11 @@ func (w *Worker) handle(ctx context.Context, s *session, a *acker, batch []*mess
 	err := w.processSafely(ctx, batch)
 	w.m.batchSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
-		// Simulated death, or a processing context cut by shutdown: settle
-		// nothing; the broker redelivers.
-		w.log.Warn("batch abandoned unacked", zap.Int("size", len(batch)), zap.Error(err))
+		// Simulated death, a processing context cut by shutdown, or the
+		// fence: settle nothing; the broker redelivers.
+		if !errors.Is(err, errFenced) {
+			w.log.Warn("batch abandoned unacked", zap.Int("size", len(batch)), zap.Error(err))
+		}
 		s.abort(err)
 		return
 	}

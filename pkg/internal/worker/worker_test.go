@@ -301,20 +301,20 @@ func TestPoisonMessagesGoToTheDLQAtOnce(t *testing.T) {
 	assert.Contains(t, msgs[1].Headers[broker.HeaderLastError], "data.amount_cents")
 }
 
-// panickyLedger panics inside Commit whenever the batch holds id, as a
+// panickyLedger panics inside CommitAs whenever the batch holds id, as a
 // bug in an effect would inside the transaction.
 type panickyLedger struct {
 	worker.Ledger
 	id string
 }
 
-func (l panickyLedger) Commit(ctx context.Context, recs []store.Record, apply store.Apply) ([]bool, error) {
+func (l panickyLedger) CommitAs(ctx context.Context, mine store.Fence, recs []store.Record, apply store.Apply) ([]bool, error) {
 	for _, r := range recs {
 		if r.Event.ID == l.id {
 			panic("effect bug for " + l.id)
 		}
 	}
-	return l.Ledger.Commit(ctx, recs, apply)
+	return l.Ledger.CommitAs(ctx, mine, recs, apply)
 }
 
 // A panic inside the transaction is decided like any other failure: its

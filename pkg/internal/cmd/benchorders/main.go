@@ -28,7 +28,7 @@ func main() {
 		}
 	}
 	reg := payments.Effects()
-	reg.Handle("stripe", "payment_intent.succeeded", orders{outbox: os.Getenv("BENCH_OUTBOX") == "on"})
+	reg.Handle("orders.create", "stripe", "payment_intent.succeeded", orders{outbox: os.Getenv("BENCH_OUTBOX") == "on"})
 	os.Exit(service.Worker(reg))
 }
 
