@@ -88,7 +88,7 @@ check-observability: ## promtool check/test of the alert rules, dashboard valida
 	hack/check-observability.sh
 
 .PHONY: k8s-e2e
-k8s-e2e: services ## The chart on a real one-node Kubernetes built here, eight scenarios, torn down after (root; the first run builds Kubernetes, KEDA, helm and CoreDNS from the module proxy)
+k8s-e2e: services ## The chart on a real one-node Kubernetes built here, nine scenarios, torn down after (root; the first run builds Kubernetes, KEDA, helm and CoreDNS from the module proxy)
 	hack/k8s/e2e.sh
 
 .PHONY: k8s-down

@@ -10,6 +10,10 @@
 #   5 ci-values   every charts/idempotent-events/ci/*-values.yaml installs and is Ready
 #   6 tilt        tilt ci, where Tilt can be built
 #   7 effects     a team's own worker image (examples/orders) on the stock chart
+#   8 cronjobs    the reconcile and prune CronJobs, a Job made from each
+#   9 effects-rollout  helm upgrade from the stock image to a team's own under load:
+#                 the old handler set is fenced, every later event has its orders row;
+#                 then helm rollback makes the stock set current again
 #
 # Needs root (containerd, iptables, bridges). Uses this machine's RabbitMQ,
 # Redis and PostgreSQL as a client only: each scenario gets its own database,
@@ -18,7 +22,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/lib.sh"
 [[ $(id -u) -eq 0 ]] || die "needs root (containerd, iptables, a bridge)"
-SCENARIOS=("$@"); [[ ${#SCENARIOS[@]} -gt 0 ]] || SCENARIOS=(1 2 3 4 5 6 7 8)
+SCENARIOS=("$@"); [[ ${#SCENARIOS[@]} -gt 0 ]] || SCENARIOS=(1 2 3 4 5 6 7 8 9)
 CHART=$ROOT/charts/idempotent-events
 SECRET=whsec_k8s_e2e_only_secret
 RESULTS=()

@@ -33,6 +33,9 @@ import (
 //     changed only configuration) go on committing; while an announced
 //     generation has no worker yet, nobody commits.
 //
+// announced_at is read after the exclusive lock was granted, so every
+// commit of another set has processed_at before it.
+//
 // The fence is part of each commit's correctness, not a poll: every
 // transaction takes the fence's advisory lock shared and then reads the
 // current generation, in the same round trip as its ledger insert; an
@@ -119,8 +122,8 @@ func (s *Store) Register(ctx context.Context, release, setID string, handlers an
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			err = tx.QueryRow(ctx, `
-INSERT INTO handler_generations (generation, release, set_id, handlers, registered_at)
-SELECT coalesce(max(generation), 0) + 1, $1, $2, $3, now() FROM handler_generations
+INSERT INTO handler_generations (generation, release, set_id, handlers, announced_at, registered_at)
+SELECT coalesce(max(generation), 0) + 1, $1, $2, $3, clock_timestamp(), clock_timestamp() FROM handler_generations
 RETURNING generation`, release, setID, js).Scan(&gen)
 		case err == nil && have == nil:
 			// Announced; the first worker of the release says which set it runs.
@@ -157,8 +160,8 @@ func (s *Store) Announce(ctx context.Context, release string) (int64, error) {
 			return err
 		}
 		return tx.QueryRow(ctx, `
-INSERT INTO handler_generations (generation, release)
-SELECT coalesce(max(generation), 0) + 1, $1 FROM handler_generations
+INSERT INTO handler_generations (generation, release, announced_at)
+SELECT coalesce(max(generation), 0) + 1, $1, clock_timestamp() FROM handler_generations
 RETURNING generation`, release).Scan(&gen)
 	})
 	if err != nil {

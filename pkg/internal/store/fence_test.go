@@ -188,6 +188,9 @@ func TestNoOldSetCommitLandsAfterTheAnnouncementReturns(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, atAnnounce, count(t, ws[4].st, `SELECT count(*) FROM processed_events WHERE generation = 1`))
 	require.Equal(t, int(committed.Load()), atAnnounce, "every commit reported before or after the announcement is in the ledger")
+	require.Zero(t, count(t, ws[4].st, `SELECT count(*) FROM processed_events WHERE generation = 1
+		AND processed_at > (SELECT announced_at FROM handler_generations WHERE release = 'ie-2')`),
+		"announced_at is taken under the lock: every commit of set A is before it")
 	t.Logf("%d commits of set A before the announcement, %d refused after it", atAnnounce, fenced.Load())
 }
 
