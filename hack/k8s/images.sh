@@ -22,6 +22,8 @@ B=$CACHE/build; mkdir -p "$B"
 DOCKER=/usr/bin/docker
 
 have() { $DOCKER image inspect "$1" >/dev/null 2>&1; }
+# report WHAT: a line for the stage table of hack/test.sh.
+report() { if [[ -n ${IE_TOOLS_REPORT:-} ]]; then echo "$*" >>"$IE_TOOLS_REPORT"; fi; }
 mirror() {
   local m
   m=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1)
@@ -29,7 +31,10 @@ mirror() {
 }
 
 # Debian bookworm from debootstrap, the base of the stand-ins.
-if ! have ie-k8s/debian:bookworm; then
+if have ie-k8s/debian:bookworm; then
+  report "base images cached"
+else
+  t0=$SECONDS
   log "debootstrap bookworm (first run only)"
   rm -rf "$B/rootfs"
   debootstrap --variant=minbase bookworm "$B/rootfs" "$(mirror)" >"$B/debootstrap.log" 2>&1 ||
@@ -40,6 +45,7 @@ if ! have ie-k8s/debian:bookworm; then
   cp /etc/ssl/certs/ca-certificates.crt "$B/rootfs/etc/ssl/certs/ca-certificates.crt"
   tar -C "$B/rootfs" -c . | $DOCKER import - ie-k8s/debian:bookworm >/dev/null
   rm -rf "$B/rootfs"
+  report "base images built $((SECONDS - t0))s"
 fi
 
 # golang:<the Dockerfile's GO_VERSION>-bookworm: this machine's Go on that Debian.

@@ -106,9 +106,7 @@ func (s *Store) Register(ctx context.Context, release, setID string, handlers an
 	if err != nil {
 		return Fence{}, Generation{}, fmt.Errorf("register handler set %s: %w", setID, err)
 	}
-	if release == "" {
-		release = "set:" + setID
-	}
+	release = ReleaseOf(release, setID)
 	var mine Fence
 	var cur Generation
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -142,6 +140,15 @@ RETURNING generation`, release, setID, js).Scan(&gen)
 		return Fence{}, Generation{}, fmt.Errorf("register handler set %s: %w", setID, err)
 	}
 	return mine, cur, nil
+}
+
+// ReleaseOf is the release a worker registers as: release, or without one
+// its handler set.
+func ReleaseOf(release, setID string) string {
+	if release == "" {
+		return "set:" + setID
+	}
+	return release
 }
 
 // Announce makes release the newest generation before any worker of it

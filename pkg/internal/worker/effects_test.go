@@ -223,3 +223,32 @@ func TestAWorkerOfAnOlderHandlerSetIsFencedAndItsEventsWaitForTheCurrentOne(t *t
 	require.Empty(t, e.broker.Drain(broker.DLQ))
 	e.invariant()
 }
+
+// A rollout that keeps the handler set (a configuration change): the new
+// release's hook announces it, the running worker's next commit is refused
+// and it is fenced; once a worker of the new release registers the same
+// set, the fenced one finds its set current again and goes on.
+func TestAFencedWorkerResumesOnceItsHandlerSetIsCurrentAgain(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, broker.QueueClassic)
+	ctx := context.Background()
+	w := e.start(func(o *worker.Options, _ *env) { o.Release = "ie-1" })
+	e.publish(e.event("evt_resume_1"))
+	eventually(t, func() bool { return w.outcomes("processed") == 1 }, "processed before the announcement")
+
+	_, err := e.store.Announce(ctx, "ie-2")
+	require.NoError(t, err)
+	e.publish(e.event("evt_resume_2"))
+	eventually(t, func() bool { return w.count("idempotent_events_worker_fenced") == 1 }, "fenced by the announcement")
+	require.ErrorContains(t, w.w.Ready(), "fenced: handler set")
+	require.Equal(t, 1.0, w.outcomes("processed"))
+
+	set := payments.Effects().Set()
+	_, cur, err := e.store.Register(ctx, "ie-2", set.ID, set.Handlers)
+	require.NoError(t, err)
+	require.Equal(t, set.ID, cur.SetID)
+	eventually(t, func() bool { return w.outcomes("processed") == 2 && w.w.Ready() == nil }, "the same set goes on")
+	require.Zero(t, w.count("idempotent_events_worker_fenced"))
+	require.Zero(t, w.outcomes("retried")+w.outcomes("dead_lettered"))
+	e.invariant()
+}

@@ -94,10 +94,20 @@ func (w *Worker) fenceOff(mine store.Fence, cur store.Generation) {
 }
 
 // awaitCurrent returns once the worker's handler set is current, or false
-// when ctx is done first. While it waits the worker is not ready.
+// when ctx is done first. While it waits the worker is not ready. A fenced
+// worker registers again only when the current generation may be its own
+// (mayBeCurrent): a registration takes the fence's lock exclusively, which
+// holds every worker's commits for a moment.
 func (w *Worker) awaitCurrent(ctx context.Context) bool {
-	for {
+	for registered := false; ; {
+		if registered && !w.mayBeCurrent(ctx) {
+			if !backoff.Sleep(ctx, fencePoll) {
+				return false
+			}
+			continue
+		}
 		current, err := w.register(ctx)
+		registered = err == nil || errors.Is(err, store.ErrGenerationTaken)
 		switch {
 		case err == nil && current:
 			return true
@@ -107,7 +117,7 @@ func (w *Worker) awaitCurrent(ctx context.Context) bool {
 			// Not the database's fault: the release runs another handler
 			// set (two images deployed as one release).
 			if w.fence.fencedReason() != err.Error() {
-				w.fence.set(store.Fence{}, err.Error())
+				w.fence.set(store.Fence{SetID: w.opts.Effects.Set().ID}, err.Error())
 				w.m.fenced.Set(1)
 				w.log.Error("fenced: the handler set cannot be registered", zap.Error(err))
 			}
@@ -118,6 +128,19 @@ func (w *Worker) awaitCurrent(ctx context.Context) bool {
 			return false
 		}
 	}
+}
+
+// mayBeCurrent reports whether the current generation runs the worker's
+// handler set, or is its release announced and not yet registered.
+func (w *Worker) mayBeCurrent(ctx context.Context) bool {
+	rctx, cancel := context.WithTimeout(ctx, w.opts.ProcessTimeout)
+	defer cancel()
+	cur, err := w.opts.Ledger.Current(rctx)
+	if err != nil {
+		return false
+	}
+	mine := w.fence.registration()
+	return cur.SetID == mine.SetID || (cur.SetID == "" && cur.Release == store.ReleaseOf(w.opts.Release, mine.SetID))
 }
 
 // fenced turns a commit refused by the fence into errFenced, after which

@@ -28,6 +28,8 @@ type Ledger interface {
 	Epoch(ctx context.Context) (string, error)
 	// Register records the worker's handler set; see store.Register.
 	Register(ctx context.Context, release, setID string, handlers any) (store.Fence, store.Generation, error)
+	// Current reads the current generation; see store.Current.
+	Current(ctx context.Context) (store.Generation, error)
 }
 
 // Cache is the Redis fast path; *dedupe.Cache is the real one.
