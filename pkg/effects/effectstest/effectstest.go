@@ -12,6 +12,10 @@
 //     processing before COMMIT and again after COMMIT but before the ack,
 //     and asserts the handler's tables end the same. A handler that writes
 //     through anything but the transaction it is given fails it.
+//   - AssertRollout runs a rollout from one handler set to the next as a
+//     rolling deploy does (old and new workers on one queue after the new
+//     release is announced) and asserts that every event sent during it is
+//     committed by the new set, none by the old one after the announcement.
 //
 // The services are found through TEST_DATABASE_URL, TEST_AMQP_URL,
 // TEST_REDIS_URL and TEST_RABBITMQ_API (RabbitMQ's management API), each

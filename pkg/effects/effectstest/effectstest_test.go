@@ -101,3 +101,50 @@ func TestAssertExactlyOnceCatchesAHandlerThatWritesThroughThePool(t *testing.T) 
 	require.Error(t, err, "AssertExactlyOnce passed a handler that writes through the pool:\n%s", out)
 	require.Contains(t, string(out), "table audit_log differs between one clean run and the run with duplicates and crashes", "%s", out)
 }
+
+// A team adds a receipts handler to its handler set: AssertRollout runs
+// the old set, then the old and the new together after the new release is
+// announced. Every event sent during the rollout gets its receipt; none
+// sent before does (those need a backfill).
+func TestAssertRolloutOfAHandlerAdded(t *testing.T) {
+	t.Parallel()
+	orders := func(ctx context.Context, ev effects.Event, tx effects.Tx, _ effects.Outbox) error {
+		_, err := tx.Exec(ctx, `INSERT INTO rollout_orders (event_id) VALUES ($1)`, ev.Key)
+		return err
+	}
+	receipts := func(ctx context.Context, ev effects.Event, tx effects.Tx, _ effects.Outbox) error {
+		_, err := tx.Exec(ctx, `INSERT INTO rollout_receipts (event_id) VALUES ($1)`, ev.Key)
+		return err
+	}
+	v1 := effects.NewRegistry()
+	v1.HandleFunc("orders.create", "stripe", "payment_intent.succeeded", orders)
+	v2 := effects.NewRegistry()
+	v2.HandleFunc("orders.create", "stripe", "payment_intent.succeeded", orders)
+	v2.HandleFunc("receipts.send", "stripe", "payment_intent.succeeded", receipts)
+
+	events := func(prefix string, n int) [][]byte {
+		var bodies [][]byte
+		for i := range n {
+			bodies = append(bodies, effectstest.StripeEvent(t, fmt.Sprintf("evt_%s_%d", prefix, i), "payment_intent.succeeded",
+				time.Unix(1_760_000_000, 0), effectstest.PaymentIntent(fmt.Sprintf("pi_%s_%d", prefix, i), "succeeded", 1000)))
+		}
+		return bodies
+	}
+	effectstest.AssertRollout(t, effectstest.RolloutOptions{
+		Old: v1, New: v2, Before: events("before", 20), During: events("during", 60),
+		Setup: func(ctx context.Context, db *pgxpool.Pool) error {
+			_, err := db.Exec(ctx, `CREATE TABLE rollout_orders (event_id text PRIMARY KEY); CREATE TABLE rollout_receipts (event_id text PRIMARY KEY)`)
+			return err
+		},
+		Check: func(t *testing.T, db *pgxpool.Pool, before, during []string) {
+			count := func(q string, ids []string) int {
+				var n int
+				require.NoError(t, db.QueryRow(context.Background(), q, ids).Scan(&n))
+				return n
+			}
+			require.Equal(t, len(before)+len(during), count(`SELECT count(*) FROM rollout_orders WHERE event_id = ANY($1)`, append(before, during...)))
+			require.Equal(t, len(during), count(`SELECT count(*) FROM rollout_receipts WHERE event_id = ANY($1)`, during))
+			require.Zero(t, count(`SELECT count(*) FROM rollout_receipts WHERE event_id = ANY($1)`, before))
+		},
+	})
+}

@@ -191,6 +191,57 @@ func (s *Setup) AwaitReplica(ctx context.Context, i int) error {
 	})
 }
 
+// AwaitPair waits until the two servers are a master and its replica
+// again: the master the sentinels name, and the other server a connected
+// replica of it that has received the master's stream up to the offset the
+// master had when the pair was first seen. Unlike AwaitReplica it allows a
+// further failover on the way (on a loaded machine the sentinels may find
+// the new master down for a second while it streams a full copy to the
+// restarted server, and promote that one): it returns the master it found.
+func (s *Setup) AwaitPair(ctx context.Context) (string, error) {
+	var master string
+	var target int64 = -1
+	for {
+		err := func() error {
+			m, err := s.Master(ctx)
+			if err != nil {
+				return err
+			}
+			j := s.Server(m)
+			if j < 0 {
+				return fmt.Errorf("the sentinels name %s, not one of the servers", m)
+			}
+			if m != master {
+				master, target = m, -1 // a failover: the pair starts anew
+			}
+			r, err := s.Role(ctx, 1-j)
+			if err != nil {
+				return err
+			}
+			if r.Role != "slave" || r.Master != m || r.State != "connected" {
+				return fmt.Errorf("%s is a %s (master %q, link %q), not a connected replica of %s", s.servers[1-j].name, r.Role, r.Master, r.State, m)
+			}
+			mr, err := s.Role(ctx, j)
+			if err != nil {
+				return err
+			}
+			if target < 0 {
+				target = mr.Offset
+			}
+			if r.Offset < target {
+				return fmt.Errorf("%s is at offset %d of %d", s.servers[1-j].name, r.Offset, target)
+			}
+			return nil
+		}()
+		if err == nil {
+			return master, nil
+		}
+		if !backoff.Sleep(ctx, 100*time.Millisecond) {
+			return "", fmt.Errorf("await a master and its replica: %w (%w)", ctx.Err(), err)
+		}
+	}
+}
+
 // awaitReplica is AwaitReplica with the master named by masterAddr.
 func (s *Setup) awaitReplica(ctx context.Context, i int, masterAddr func(context.Context) (string, error)) error {
 	var target int64 = -1
