@@ -1,6 +1,9 @@
 package config_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"net/url"
 	"os"
@@ -13,8 +16,11 @@ import (
 	"testing"
 	"unicode"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
 )
 
 // readmeMaxLines keeps the README a product page: reference material goes
@@ -209,4 +215,101 @@ func headingAnchors(t *testing.T, root, page string) map[string]bool {
 		seen[slug]++
 	}
 	return anchors
+}
+
+// The pages an operator reads when a DLQ reason or a worker outcome turns
+// up in a header, a filter or a graph.
+const (
+	dlqPage        = "docs/dlq.md"
+	operationsPage = "docs/operations.md"
+)
+
+// Every DLQ reason defined in pkg/internal/broker is named on the DLQ page
+// and the operations page, and every outcome label of the worker's
+// idempotent_events_worker_events_total is named on the operations page and
+// in the counter's help: a reason or outcome added to the code without a
+// word in the docs fails here (rejected_by_handler was missing from both
+// pages, conflict from the help).
+func TestDocsNameEveryDLQReasonAndWorkerOutcome(t *testing.T) {
+	root := repoRoot(t)
+	page := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(root, name))
+		require.NoError(t, err)
+		return string(b)
+	}
+	dlq, ops := page(dlqPage), page(operationsPage)
+	reasons := dlqReasons(t, filepath.Join(root, "pkg", "internal", "broker"))
+	require.NotEmpty(t, reasons, "no DLQReason constant found in pkg/internal/broker")
+	for _, r := range reasons {
+		assert.Contains(t, dlq, "`"+r+"`", "%s does not name the DLQ reason %s", dlqPage, r)
+		assert.Contains(t, ops, "`"+r+"`", "%s does not name the DLQ reason %s", operationsPage, r)
+	}
+	help, outcomes := workerOutcomes(t)
+	require.NotEmpty(t, outcomes, "idempotent_events_worker_events_total has no outcome label")
+	for _, o := range outcomes {
+		assert.Contains(t, ops, "`"+o+"`", "%s does not name the worker outcome %s", operationsPage, o)
+		assert.Contains(t, help, " "+o, "the help of idempotent_events_worker_events_total does not name the outcome %s", o)
+	}
+}
+
+// dlqReasons returns the values of the constants of type DLQReason declared
+// in the package in dir, read from its source so that one missing from
+// broker.DLQReasons() is found too.
+func dlqReasons(t *testing.T, dir string) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	require.NoError(t, err)
+	var out []string
+	fset := token.NewFileSet()
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		require.NoError(t, err)
+		for _, decl := range f.Decls {
+			gd, ok := decl.(*ast.GenDecl)
+			if !ok || gd.Tok != token.CONST {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				vs := spec.(*ast.ValueSpec)
+				if typ, ok := vs.Type.(*ast.Ident); !ok || typ.Name != "DLQReason" {
+					continue
+				}
+				for _, v := range vs.Values {
+					lit, ok := v.(*ast.BasicLit)
+					require.True(t, ok && lit.Kind == token.STRING, "%s: a DLQReason that is not a string literal", fset.Position(v.Pos()))
+					s, err := strconv.Unquote(lit.Value)
+					require.NoError(t, err)
+					out = append(out, s)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// workerOutcomes returns the help and the outcome label values of the
+// worker's events counter, as a registry it registered on exports them.
+func workerOutcomes(t *testing.T) (help string, outcomes []string) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	worker.NewMetrics(reg)
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range families {
+		if mf.GetName() != "idempotent_events_worker_events_total" {
+			continue
+		}
+		help = mf.GetHelp()
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "outcome" {
+					outcomes = append(outcomes, lp.GetValue())
+				}
+			}
+		}
+	}
+	return help, outcomes
 }

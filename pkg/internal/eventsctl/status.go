@@ -74,11 +74,13 @@ func status(ctx context.Context, args []string, env Env, stdout, stderr io.Write
 		printQueues(stdout, queues, time.Now())
 	}
 
-	if *dbURL != "" {
-		if err := printLedger(ctx, stdout, *dbURL); err != nil {
-			fmt.Fprintf(stderr, "eventsctl status: ledger: %v\n", err)
-			failed = true
-		}
+	// A section left out says so: without the line, a missing DATABASE_URL
+	// looked like a ledger with nothing to show.
+	if *dbURL == "" {
+		fmt.Fprintln(stdout, "\nledger: skipped, DATABASE_URL is not set (set it or pass -database-url for the ledger's throughput and handler sets)")
+	} else if err := printLedger(ctx, stdout, *dbURL); err != nil {
+		fmt.Fprintf(stderr, "eventsctl status: ledger: %v\n", err)
+		failed = true
 	}
 
 	if *workers != "" {

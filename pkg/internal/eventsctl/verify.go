@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,8 +24,21 @@ func verify(ctx context.Context, args []string, env Env, stdout, stderr io.Write
 	if err := fs.Parse(args); err != nil {
 		return flagStatus(err)
 	}
-	if *id == "" || *dbURL == "" {
-		fmt.Fprintln(stderr, "eventsctl verify: -id and DATABASE_URL (or -database-url) are required")
+	// Name only what is missing: "-id and DATABASE_URL are required" sent
+	// users who had given -id looking for a problem with it.
+	var missing []string
+	if *id == "" {
+		missing = append(missing, "-id")
+	}
+	if *dbURL == "" {
+		missing = append(missing, "DATABASE_URL (or -database-url)")
+	}
+	if len(missing) > 0 {
+		verb := "is"
+		if len(missing) > 1 {
+			verb = "are"
+		}
+		fmt.Fprintf(stderr, "eventsctl verify: %s %s required\n", strings.Join(missing, " and "), verb)
 		return 2
 	}
 	if err := checkDatabaseURL(*dbURL); err != nil {

@@ -1,6 +1,8 @@
 package worker
 
 import (
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
@@ -47,6 +49,18 @@ func (m *Metrics) SetDurability(mode string, allowAsync bool) {
 	}
 }
 
+// settledOutcomes are the outcome label values of events_total: every
+// Outcome settle counts. A Requeue is given back unsettled and never counted.
+var settledOutcomes = []Outcome{Processed, Duplicate, Retry, DeadLetter, Conflict}
+
+func outcomeNames() string {
+	names := make([]string, len(settledOutcomes))
+	for i, o := range settledOutcomes {
+		names[i] = o.String()
+	}
+	return strings.Join(names, ", ")
+}
+
 var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 3600}
 
 // NewMetrics registers the worker's metrics on reg.
@@ -55,7 +69,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: telemetry.Namespace, Subsystem: sub, Name: "events_total",
-			Help: "Deliveries settled, by outcome: processed, duplicate, retried, dead_lettered.",
+			Help: "Deliveries settled, by outcome: " + outcomeNames() + ".",
 		}, []string{"outcome"}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: telemetry.Namespace, Subsystem: sub, Name: "duplicates_total",
@@ -133,6 +147,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.paused, m.pauses, m.durability, m.allowAsync, m.fenced, m.handlerSet)
 	reg.MustRegister(m.events, m.duplicates, m.retries, m.deadLetters, m.batchSize, m.batchSeconds, m.txSeconds,
 		m.endToEnd, m.redisLookups, m.redisWrites, m.inFlight, m.ackFailures)
+	// Every outcome's series exists from the start, at 0: a rate over an
+	// outcome that has not happened yet is 0, not absent, for the
+	// dashboard, the alerts and the docs test that reads the labels here.
+	for _, o := range settledOutcomes {
+		m.events.WithLabelValues(o.String())
+	}
 	m.Broker = broker.NewConnMetrics(reg, sub)
 	return m
 }
