@@ -12,15 +12,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
-	"github.com/idempotent-events/idempotent-events/pkg/internal/dedupe"
-	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
-	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
 )
 
@@ -85,34 +80,14 @@ func runWorker(t *testing.T, opts Options, faults bool) map[string][]string {
 	amqpURL := servicetest.VHost(t)
 	topo := broker.Topology{QueueType: broker.QueueClassic, RetryDelays: []time.Duration{200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond}, DeliveryLimit: 100}
 	b := servicetest.NewBroker(t, amqpURL, topo)
-	st, err := store.Open(ctx, dbURL, 4)
-	require.NoError(t, err)
-	defer st.Close()
-	cache, err := dedupe.Open(servicetest.RedisURL, servicetest.RedisPrefix(t), time.Minute)
-	require.NoError(t, err)
-	defer func() { _ = cache.Close() }()
-
 	var hooks worker.Hooks
 	if faults {
 		hooks = worker.Hooks{BeforeCommit: crashOncePer(), AfterCommit: crashOncePer()}
 	}
 	reg := prometheus.NewRegistry()
-	w, err := worker.New(worker.Options{
-		Dialer:   broker.Dialer{URL: amqpURL, Name: t.Name(), MaxBackoff: 200 * time.Millisecond, DialTimeout: time.Second},
-		Topology: topo, Prefetch: 64, ReplayPrefetch: 4, Concurrency: 2, BatchSize: 8, BatchWait: 5 * time.Millisecond,
-		ProcessTimeout: 10 * time.Second, PublishTimeout: 5 * time.Second, ShutdownTimeout: 10 * time.Second,
-		Ledger: st, Cache: cache, Effects: opts.Effects, Metrics: worker.NewMetrics(reg), Hooks: hooks,
-		Outbox: func(tx effects.Tx) effects.Outbox { return outbox.NewBatch(tx) },
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
-	})
-	require.NoError(t, err)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(runCtx) }()
-	defer func() {
-		stop()
-		require.NoError(t, <-done)
-	}()
+	_, stop := startWorker(t, workerSpec{dbURL: dbURL, amqpURL: amqpURL, redisPrefix: servicetest.RedisPrefix(t), topo: topo,
+		fx: opts.Effects, hooks: hooks, prefetch: 64, batchSize: 8, metrics: reg})
+	defer stop()
 
 	copies := 1
 	if faults {

@@ -7,16 +7,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
-	"github.com/idempotent-events/idempotent-events/pkg/internal/dedupe"
-	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
@@ -68,28 +63,9 @@ func AssertRollout(t *testing.T, opts RolloutOptions) {
 	prefix := servicetest.RedisPrefix(t)
 
 	start := func(release string, fx *effects.Registry) *worker.Worker {
-		st, err := store.Open(ctx, dbURL, 4)
-		require.NoError(t, err)
-		t.Cleanup(st.Close)
-		cache, err := dedupe.Open(servicetest.RedisURL, prefix, time.Minute)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = cache.Close() })
-		w, err := worker.New(worker.Options{
-			Dialer:   broker.Dialer{URL: amqpURL, Name: t.Name() + " " + release, MaxBackoff: 200 * time.Millisecond, DialTimeout: time.Second},
-			Topology: topo, Prefetch: 16, ReplayPrefetch: 4, Concurrency: 2, BatchSize: 4, BatchWait: 5 * time.Millisecond,
-			ProcessTimeout: 10 * time.Second, PublishTimeout: 5 * time.Second, ShutdownTimeout: 10 * time.Second,
-			Ledger: st, Cache: cache, Effects: fx, Release: release, Metrics: worker.NewMetrics(prometheus.NewRegistry()),
-			Outbox: func(tx effects.Tx) effects.Outbox { return outbox.NewBatch(tx) },
-			Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
-		})
-		require.NoError(t, err)
-		runCtx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- w.Run(runCtx) }()
-		t.Cleanup(func() {
-			stop()
-			require.NoError(t, <-done)
-		})
+		w, stop := startWorker(t, workerSpec{dbURL: dbURL, amqpURL: amqpURL, redisPrefix: prefix, topo: topo,
+			fx: fx, release: release, prefetch: 16, batchSize: 4})
+		t.Cleanup(stop)
 		return w
 	}
 	publish := func(bodies [][]byte) []string {
