@@ -17,7 +17,6 @@
 #   hack/test.sh STAGE...       those stages only (names as in the table)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
 MAKE=${MAKE:-make}
 
 STAGES=(services deps test-go lint fuzz-short chaos-short check-observability check-deploy k8s-e2e)

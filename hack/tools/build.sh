@@ -12,7 +12,7 @@
 #   dockerfile-frontend  BuildKit's Dockerfile frontend v0.34.2 hack/tools/k8s
 #   keda            KEDA v2.21.0 operator, metrics adapter, admission webhooks
 #                                                                hack/tools/k8s
-#   promtool        Prometheus v0.316.0's promtool               hack/tools/k8s
+#   promtool        Prometheus v0.314.0's promtool (KEDA's)      hack/tools/k8s
 #   helm-unittest   helm-unittest v1.1.2                         hack/tools/k8s
 #   golangci-lint   golangci-lint v2.15.0                        hack/tools/golangci-lint
 #   stripe-mock     stripe-mock v0.203.0                         hack/tools/stripe-mock

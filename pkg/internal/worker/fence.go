@@ -60,10 +60,9 @@ func (f *fenceState) fencedReason() string {
 // register records the handler set and reports whether it is current. An
 // error is the database's (the caller waits for it as for any outage).
 func (w *Worker) register(ctx context.Context) (bool, error) {
-	set := w.opts.Effects.Set()
 	rctx, cancel := context.WithTimeout(ctx, w.opts.ProcessTimeout)
 	defer cancel()
-	mine, cur, err := w.opts.Ledger.Register(rctx, w.opts.Release, set.ID, set.Handlers)
+	mine, cur, err := w.opts.Ledger.Register(rctx, w.opts.Release, w.set.ID, w.set.Handlers)
 	if err != nil {
 		return false, err
 	}
@@ -73,7 +72,7 @@ func (w *Worker) register(ctx context.Context) (bool, error) {
 		w.fence.set(mine, "")
 		w.m.fenced.Set(0)
 		w.log.Info("handler set registered; it is current", zap.String("set", mine.SetID), zap.Int64("generation", mine.Generation),
-			zap.Int("handlers", len(set.Handlers)))
+			zap.Int("handlers", len(w.set.Handlers)))
 		return true, nil
 	}
 	w.fenceOff(mine, cur)
@@ -117,7 +116,7 @@ func (w *Worker) awaitCurrent(ctx context.Context) bool {
 			// Not the database's fault: the release runs another handler
 			// set (two images deployed as one release).
 			if w.fence.fencedReason() != err.Error() {
-				w.fence.set(store.Fence{SetID: w.opts.Effects.Set().ID}, err.Error())
+				w.fence.set(store.Fence{SetID: w.set.ID}, err.Error())
 				w.m.fenced.Set(1)
 				w.log.Error("fenced: the handler set cannot be registered", zap.Error(err))
 			}

@@ -94,6 +94,8 @@ type Worker struct {
 	consuming atomic.Bool
 	epoch     epochState
 	fence     fenceState
+	// set is opts.Effects's identity, which does not change after New.
+	set effects.Set
 }
 
 // New validates opts and returns a Worker.
@@ -101,7 +103,7 @@ func New(opts Options) (*Worker, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	return &Worker{opts: opts, log: opts.Logger, m: opts.Metrics}, nil
+	return &Worker{opts: opts, log: opts.Logger, m: opts.Metrics, set: opts.Effects.Set()}, nil
 }
 
 // Ready is nil while the worker is consuming.
