@@ -53,6 +53,16 @@ func (g graph) knows(s string) bool {
 	return ok
 }
 
+// contradicts reports whether a and b are known states of which neither
+// can ever follow the other: two different terminal states (a
+// PaymentIntent's succeeded and canceled, a Charge's succeeded and
+// failed). Evidence of both says the object ended two ways, so one of the
+// two is wrong, and no created time can tell which: no order of them is
+// legal.
+func (g graph) contradicts(a, b string) bool {
+	return a != b && g.knows(a) && g.knows(b) && !g.reaches(a, b) && !g.reaches(b, a)
+}
+
 // Outcomes of an event for its object's state, one row each in
 // payment_events.
 const (
@@ -61,12 +71,15 @@ const (
 	Applied = "applied"
 	// Superseded: the object's state is newer than the event's.
 	Superseded = "superseded"
-	// IllegalTransition: the event's state cannot follow the object's
-	// current state (a terminal state left, an unknown state).
+	// IllegalTransition: the event is newer than the object's state but
+	// its state cannot follow it (a terminal state left for an earlier
+	// one), or its state is unknown (on any object, even one never seen).
 	IllegalTransition = "illegal_transition"
-	// NeedsRefresh: the event is as new as the object's state (the same
-	// second) and neither state can be told to come after the other; the
-	// object's state stays, and is marked to be fetched from the provider.
+	// NeedsRefresh: neither the event's state nor the object's can be
+	// told to come after the other: of the same second and not ordered by
+	// the graph, or, at any age, contradictory (see graph.contradicts).
+	// The object's state stays, and is marked to be fetched from the
+	// provider.
 	NeedsRefresh = "needs_refresh"
 )
 
@@ -76,12 +89,21 @@ const (
 // one second (Stripe's resolution, and one operation emits several events
 // in the same second) a state applies only if it comes after the current
 // one in the graph. Event ids are not ordered and are never used.
+//
+// Contradictory states are decided before age: were an older success
+// superseded by a newer cancellation (or a newer success refused after a
+// cancellation), the object would keep the state taken first with nothing
+// saying it may be wrong, and "payment succeeded" would never run for a
+// payment whose charge was captured. Marked, it is fetched from the
+// provider, whose answer is applied as any refresh is.
 func (g graph) guard(known bool, cur string, curAt time.Time, to string, at time.Time) string {
 	switch {
 	case !g.knows(to):
 		return IllegalTransition
 	case !known:
 		return Applied
+	case g.contradicts(cur, to):
+		return NeedsRefresh
 	case at.Before(curAt):
 		return Superseded
 	case to == cur:

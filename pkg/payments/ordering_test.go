@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/pipelinetest"
 	"github.com/idempotent-events/idempotent-events/pkg/payments"
@@ -142,24 +141,8 @@ func TestOrderSafeStateUnderShuffles(t *testing.T) {
 	if testing.Short() {
 		shuffles = 40
 	}
-	p := pipelinetest.New(t)
+	p := statePipeline(t, func(c *config.Worker) { c.Prefetch, c.BatchSize, c.Concurrency = 256, 64, 4 })
 	ctx := context.Background()
-	// seq is the order the transitions committed in: an object's
-	// transitions run under its lock, so its rows take seq in order.
-	_, err := p.DB.Exec(ctx, `CREATE TABLE transition_log (seq bigserial, object_type text, object_id text,
-		from_status text, to_status text, event_id text)`)
-	require.NoError(t, err)
-	fx := payments.Effects()
-	logTransition := func(ctx context.Context, tr effects.Transition, tx effects.Tx, _ effects.Outbox) error {
-		_, err := tx.Exec(ctx, `INSERT INTO transition_log (object_type, object_id, from_status, to_status, event_id)
-			VALUES ($1, $2, $3, $4, $5)`, tr.Object.Type, tr.Object.ID, tr.From, tr.To, tr.Event.Key)
-		return err
-	}
-	fx.OnTransitionFunc("log.payment_intent", payments.PaymentIntent, "*", logTransition)
-	fx.OnTransitionFunc("log.charge", payments.Charge, "*", logTransition)
-	p.Effects = fx
-	p.Tune = func(c *config.Worker) { c.Prefetch, c.BatchSize, c.Concurrency = 256, 64, 4 }
-	p.StartWorker("")
 
 	// In order: one event at a time, each committed before the next.
 	for name := range lifecycles {

@@ -11,8 +11,11 @@
 // Stripe's events arrive in, and records how it took each event in
 // payment_events:
 //
-//   - An event older than the object's state is superseded. Age is the
-//     event's created time, which has one-second resolution.
+//   - An event older than the object's state is superseded, even when it
+//     restates the current status: age is looked at first. Age is the
+//     event's created time, which has one-second resolution. An event of
+//     the same second or newer restating the status is applied: it
+//     becomes the state's event, and no transition runs.
 //   - Within the same second (one operation emits several events in it) an
 //     event's state applies only if it comes after the current one in the
 //     object's legal-transition graph; two states of the same second that
@@ -20,18 +23,36 @@
 //     other both ways) leave the state as it is and mark the object
 //     needs_refresh, to be fetched from Stripe. Event ids are never used to
 //     order events: they are not ordered.
+//   - Two different terminal states of one object (a PaymentIntent's
+//     succeeded and canceled, a Charge's succeeded and failed) contradict
+//     each other at any age: Stripe leaves neither, so one of them is
+//     wrong. The state taken first stays, the other's events are recorded
+//     needs_refresh and the object is marked, never superseded or refused
+//     silently. No event moves an object out of a terminal state; only
+//     the refresh, Stripe's own answer, does.
 //   - A newer event whose state cannot follow the current one (a terminal
-//     succeeded or canceled left) is an illegal_transition, recorded and
+//     state left for an earlier one) is an illegal_transition, recorded and
 //     not applied.
+//   - A status the graph does not know is an illegal_transition, even on
+//     an object never seen (which then gets no row: the first known status
+//     that comes is its first state, whatever its time), and its amounts
+//     are not taken.
 //   - Cumulative amounts (amount_received, amount_captured,
 //     amount_refunded) are snapshots: the largest reported wins, in any
 //     order; a PaymentIntent's amount_refunded is the sum of its charges'.
-//   - A captured, succeeded charge implies its PaymentIntent succeeded.
+//   - A succeeded, captured charge that names its PaymentIntent is that
+//     PaymentIntent's succeeded state at the charge event's created time,
+//     under the rules above, and its amount_captured a snapshot of the
+//     PaymentIntent's amount_received. The charge event is recorded once,
+//     for the charge. An uncaptured charge says nothing of its
+//     PaymentIntent.
 //
 // Every change of an object's state runs the transition handlers of the
 // Registry (effects.Registry.OnTransition) once: "payment succeeded" runs
 // once per PaymentIntent even when payment_intent.succeeded and
-// charge.succeeded both say so.
+// charge.succeeded both say so. A success contradicting a cancellation
+// taken first runs it when the refresh confirms the success (from
+// canceled): with no reconciliation running, the object stays marked.
 package payments
 
 import (

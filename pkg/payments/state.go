@@ -182,7 +182,13 @@ func (h *handler) keep(ctx context.Context, evs []effects.Event, obs []observati
 				outcome = Superseded
 			}
 		}
-		s.snapshot(o)
+		if graphOf(o.kind).knows(o.status) || o.refresh {
+			// A status the graph does not know is no state, and its
+			// amounts are not taken either: on an object never seen they
+			// could not be written, so taking them on a known one would
+			// make the amounts depend on the order.
+			s.snapshot(o)
+		}
 		switch outcome {
 		case Applied:
 			s.known, s.status, s.eventKey, s.at = true, o.status, evs[o.ev].Key, o.at
