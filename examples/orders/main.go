@@ -2,7 +2,8 @@
 // payment state, plus an orders row written when a payment succeeds, and a
 // confirmation email asked of the mail service (examples/confirmations)
 // through the outbox — all in the same transaction as the event's ledger
-// row, so exactly once.
+// row, so exactly once. A transition handler writes a receipts row once per
+// PaymentIntent that succeeds, whichever event says so first.
 //
 // Build it in place of cmd/worker (examples/orders/Dockerfile builds the
 // image: the stock binaries with this worker) and run the chart with that
@@ -23,15 +24,22 @@ import (
 )
 
 func main() {
-	if len(os.Args) == 1 { // a start, not --help or --check-config
+	if len(os.Args) == 1 { // a start, not --help, --version or --check-config
 		if err := createTablesRetrying(os.Getenv("DATABASE_URL"), 2*time.Minute); err != nil {
-			fmt.Fprintln(os.Stderr, "orders: create the orders table:", err)
+			fmt.Fprintln(os.Stderr, "orders: create the tables:", err)
 			os.Exit(1)
 		}
 	}
-	reg := payments.Effects() // keep the built-in payment state
+	os.Exit(service.Worker(handlers()))
+}
+
+// handlers is the worker's handler set. The names are what the ledger
+// records; keep them while the effects stay the same.
+func handlers() *effects.Registry {
+	reg := payments.Effects() // the built-in payment state, handler "payments"
 	reg.HandleFunc("orders.create", "stripe", "payment_intent.succeeded", createOrder)
-	os.Exit(service.Worker(reg))
+	reg.OnTransitionFunc("orders.receipt", payments.PaymentIntent, "succeeded", recordReceipt) // once per PaymentIntent
+	return reg
 }
 
 // createOrder writes the order of a succeeded PaymentIntent and enqueues
@@ -41,12 +49,21 @@ func main() {
 // never from here.
 func createOrder(ctx context.Context, ev effects.Event, tx effects.Tx, out effects.Outbox) error {
 	if _, err := tx.Exec(ctx, `INSERT INTO orders (payment_intent_id, event_id) VALUES ($1, $2)`, ev.Object.ID, ev.Key); err != nil {
-		return err
+		return err // effects.Permanent(err): DLQ now; effects.RetryAfter(d, err); effects.Skip(reason)
 	}
-	return out.Enqueue(ctx, ev, effects.Message{
-		Effect: "confirmation-email", ObjectID: ev.Object.ID, RoutingKey: "email.confirmation",
-		Body: []byte(`{"payment_intent":"` + ev.Object.ID + `"}`),
-	})
+	return out.Enqueue(ctx, ev, effects.Message{Effect: "confirmation-email", ObjectID: ev.Object.ID,
+		RoutingKey: "email.confirmation", Body: []byte(`{"payment_intent":"` + ev.Object.ID + `"}`)})
+}
+
+// recordReceipt writes the receipt of a PaymentIntent that succeeded. The
+// built-in payment state calls it once per PaymentIntent, in the
+// transaction of the event that made it succeed: payment_intent.succeeded,
+// or a captured charge.succeeded that came first. It reads the amount
+// received from that state, written in the same transaction.
+func recordReceipt(ctx context.Context, t effects.Transition, tx effects.Tx, out effects.Outbox) error {
+	_, err := tx.Exec(ctx, `INSERT INTO receipts (payment_intent_id, event_id, amount, currency)
+		SELECT id, $2, amount_received, currency FROM payment_intents WHERE id = $1`, t.Object.ID, t.Event.Key)
+	return err
 }
 
 // createTablesRetrying runs createTables until it succeeds or for as long
@@ -62,7 +79,7 @@ func createTablesRetrying(databaseURL string, patience time.Duration) error {
 		if err == nil || time.Now().Add(wait).After(deadline) {
 			return err
 		}
-		fmt.Fprintf(os.Stderr, "orders: create the orders table: %v; trying again in %s\n", err, wait)
+		fmt.Fprintf(os.Stderr, "orders: create the tables: %v; trying again in %s\n", err, wait)
 		time.Sleep(wait)
 	}
 }
@@ -87,6 +104,12 @@ func createTables(ctx context.Context, databaseURL string) error {
 		_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (
 			payment_intent_id text PRIMARY KEY,
 			event_id          text NOT NULL,
+			created_at        timestamptz NOT NULL DEFAULT now());
+		CREATE TABLE IF NOT EXISTS receipts (
+			payment_intent_id text PRIMARY KEY,
+			event_id          text NOT NULL,
+			amount            bigint NOT NULL,
+			currency          text NOT NULL,
 			created_at        timestamptz NOT NULL DEFAULT now())`)
 		return err
 	})

@@ -13,7 +13,7 @@ import (
 // check (eventsctl prune -check-config) though the schema's pattern lets it
 // through.
 func TestPruneValuesReachTheContainer(t *testing.T) {
-	set := map[string]any{"prune": map[string]any{"schedule": "5 1 * * *", "ledgerRetention": "40d", "auditRetention": "400d",
+	set := map[string]any{"prune": map[string]any{"schedule": "5 1 * * *", "ledgerRetention": "40d", "auditRetention": "400d", "archiveRetention": "20d",
 		"batch": 777, "pause": "1500ms", "activeDeadlineSeconds": 999, "backoffLimit": 4}}
 	r, err := renderChart(renderOpts{set: set})
 	if err != nil {
@@ -22,7 +22,7 @@ func TestPruneValuesReachTheContainer(t *testing.T) {
 	o := r.mustFind(t, "CronJob", fullname+"-prune")
 	tpl, _ := podTemplate(o)
 	c := container(t, o, &tpl.Spec, "prune")
-	for _, want := range []string{"-ledger-retention=40d", "-audit-retention=400d", "-batch=777", "-pause=1500ms"} {
+	for _, want := range []string{"-ledger-retention=40d", "-audit-retention=400d", "-archive-retention=20d", "-batch=777", "-pause=1500ms"} {
 		if !slices.Contains(c.Args, want) {
 			t.Errorf("args %q lack %s", c.Args, want)
 		}

@@ -8,6 +8,9 @@
 # nothing. Every event accepted after the announcement must have exactly
 # one orders row, no event of the old set may be committed after it, the
 # ledger must end with every event once (k8sload) and nothing in the DLQ.
+# Then `eventsctl effects backfill` runs orders.create, in the new pods, over
+# the events the stock set committed (the archive is on): every succeeded
+# payment ends with exactly one orders row, and a second run queues nothing.
 # Then `helm rollback`: the old release is announced again, the stock set is
 # current, and the events sent after it are committed by it.
 S9_DB=ie_k8s_s9
@@ -24,6 +27,8 @@ s9() {
   cat >>"$NODE_DIR/s9-values.yaml" <<'YAML'
 worker:
   replicaCount: 2
+  config:
+    eventArchive: true
 YAML
   helm install $rel "$CHART" -n $ns --create-namespace -f "$NODE_DIR/s9-values.yaml" --wait --timeout 5m >/dev/null ||
     { dump $ns; return 1; }
@@ -57,6 +62,26 @@ YAML
   dlq=$(rabbitmqctl -q list_queues -p ie-k8s-s9 name messages | awk '$1 == "events.dlq" {print $2}')
   [[ ${dlq:-0} == 0 ]] || { log "events.dlq holds $dlq messages"; return 1; }
   S9_DETAIL+="; $after events accepted after the new release was announced, each with one orders row; 0 committed by the stock set after it; DLQ empty"
+
+  # The backfill: orders.create over the events the stock set committed
+  # before the upgrade (their bodies archived: worker.config.eventArchive),
+  # run by the orders-worker pods; then every succeeded payment of the
+  # ledger has exactly one orders row. A second run queues nothing.
+  local db="postgres://postgres@127.0.0.1:5432/$S9_DB?sslmode=disable" stockrows queued
+  stockrows=$(s9_psql "SELECT count(*) FROM processed_events p JOIN handler_generations g USING (generation)
+    WHERE NOT g.handlers @> '[{\"name\": \"orders.create\"}]' AND p.event_type = 'payment_intent.succeeded'")
+  ((stockrows > 0)) || { log "the stock set committed no payment_intent.succeeded before the upgrade: nothing to backfill"; return 1; }
+  "$BIN/eventsctl" effects backfill -handler orders.create -since 2h -rate 500 -progress 5s -database-url "$db" >"$NODE_DIR/s9-backfill.log" 2>&1 ||
+    { cat "$NODE_DIR/s9-backfill.log" >&2; dump $ns; return 1; }
+  queued=$(sed -n 's/^backfill [0-9]*: \([0-9]*\) events queued.*/\1/p' "$NODE_DIR/s9-backfill.log")
+  missing=$(s9_psql "SELECT count(*) FROM processed_events p WHERE p.event_type = 'payment_intent.succeeded'
+    AND (SELECT count(*) FROM orders o WHERE o.event_id = p.event_id) <> 1")
+  [[ $missing == 0 && $queued == "$stockrows" ]] ||
+    { cat "$NODE_DIR/s9-backfill.log" >&2; log "backfill: $stockrows committed by the stock set, $queued queued; succeeded payments without exactly one orders row: $missing"; return 1; }
+  "$BIN/eventsctl" effects backfill -handler orders.create -since 2h -database-url "$db" >"$NODE_DIR/s9-backfill2.log" 2>&1 &&
+    grep -q '^backfill [0-9]*: 0 events queued' "$NODE_DIR/s9-backfill2.log" ||
+    { cat "$NODE_DIR/s9-backfill2.log" >&2; log "backfill run twice queued again"; return 1; }
+  S9_DETAIL+="; eventsctl effects backfill: the $stockrows succeeded payments the stock set committed got their orders row from the orders-worker pods ($(tail -1 "$NODE_DIR/s9-backfill.log" | sed 's/^backfill [0-9]* //')); every succeeded payment has exactly one; a second run queued nothing"
 
   # The rollback: revision 1's hook announces ie-1 again; the stock set is current.
   helm rollback $rel 1 -n $ns --wait --timeout 5m >/dev/null || { dump $ns; return 1; }

@@ -22,6 +22,10 @@ const (
 	// OriginReconcile: found missing in the provider's own event log and
 	// fed into the pipeline by the reconciler.
 	OriginReconcile Origin = "reconcile"
+	// OriginBackfill: committed earlier by a handler set without this
+	// handler, and run now by name (eventsctl effects backfill), the
+	// event's other handlers not again.
+	OriginBackfill Origin = "backfill"
 )
 
 // Object names the provider object an event is about.

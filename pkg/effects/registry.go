@@ -148,6 +148,18 @@ func (r *Registry) Handlers(ev Event) []Handler {
 	return hs
 }
 
+// Named returns the event handler registered as name, with its routes; ok
+// is false when no event handler has that name (a transition handler is
+// not one). A backfill runs it alone over the events it missed.
+func (r *Registry) Named(name string) (h Handler, info HandlerInfo, ok bool) {
+	for _, rt := range r.routes {
+		if rt.name == name {
+			return rt.h, HandlerInfo{Name: rt.name, Source: rt.source, EventType: rt.eventType}, true
+		}
+	}
+	return nil, HandlerInfo{}, false
+}
+
 // Empty reports whether nothing is registered.
 func (r *Registry) Empty() bool { return len(r.routes) == 0 && len(r.transitions) == 0 }
 

@@ -12,6 +12,8 @@ import (
 	"context"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
@@ -27,7 +29,14 @@ func Receiver() int { return app.Receiver(os.Args[1:], os.Stdout, os.Stderr) }
 // commits each event's effects exactly once, in the transaction of its
 // ledger row. The stock worker runs payments.Effects(); a team's own worker
 // binary adds its handlers to that registry (or starts from an empty one).
-func Worker(fx *effects.Registry) int { return app.Worker(fx, os.Args[1:], os.Stdout, os.Stderr) }
+//
+// It reads the stock worker's environment (docs/configuration.md). Its
+// --help names the binary as it was invoked, its handler set and the
+// variables it reads; --version the build (the stamped version, the main
+// module's and idempotent-events' versions, Go, the VCS revision).
+func Worker(fx *effects.Registry) int {
+	return workerMain(fx, filepath.Base(os.Args[0]), os.Args[1:], os.Stdout, os.Stderr, debug.ReadBuildInfo)
+}
 
 // Migrate applies the database migrations ("migrate" or "migrate up"), or
 // waits until another process has ("migrate wait").

@@ -102,6 +102,48 @@ func TestAssertExactlyOnceCatchesAHandlerThatWritesThroughThePool(t *testing.T) 
 	require.Contains(t, string(out), "table audit_log differs between one clean run and the run with duplicates and crashes", "%s", out)
 }
 
+// The same change with a backfill: the old workers archive what they
+// commit, and after the rollout receipts.send runs over the events sent
+// before it, once each, so every event ends with exactly one receipt.
+func TestAssertRolloutWithABackfillOfTheHandlerAdded(t *testing.T) {
+	t.Parallel()
+	write := func(table string) effects.HandlerFunc {
+		return func(ctx context.Context, ev effects.Event, tx effects.Tx, _ effects.Outbox) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, origin) VALUES ($1, $2)`, ev.Key, string(ev.Origin))
+			return err
+		}
+	}
+	v1 := effects.NewRegistry()
+	v1.Handle("orders.create", "stripe", "payment_intent.succeeded", write("bf_orders"))
+	v2 := effects.NewRegistry()
+	v2.Handle("orders.create", "stripe", "payment_intent.succeeded", write("bf_orders"))
+	v2.Handle("receipts.send", "stripe", "payment_intent.succeeded", write("bf_receipts"))
+	events := func(prefix string, n int) [][]byte {
+		var bodies [][]byte
+		for i := range n {
+			bodies = append(bodies, effectstest.StripeEvent(t, fmt.Sprintf("evt_bf_%s_%d", prefix, i), "payment_intent.succeeded",
+				time.Unix(1_760_000_000, 0), effectstest.PaymentIntent(fmt.Sprintf("pi_bf_%s_%d", prefix, i), "succeeded", 1000)))
+		}
+		return bodies
+	}
+	effectstest.AssertRollout(t, effectstest.RolloutOptions{
+		Old: v1, New: v2, Before: events("before", 20), During: events("during", 30), Backfill: "receipts.send",
+		Setup: func(ctx context.Context, db *pgxpool.Pool) error {
+			// No key on the receipts: a second run would show as a second row.
+			_, err := db.Exec(ctx, `CREATE TABLE bf_orders (event_id text PRIMARY KEY, origin text); CREATE TABLE bf_receipts (event_id text, origin text)`)
+			return err
+		},
+		Check: func(t *testing.T, db *pgxpool.Pool, before, during []string) {
+			var n, distinct, backfilled int
+			require.NoError(t, db.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id), count(*) FILTER (WHERE origin = 'backfill') FROM bf_receipts`).
+				Scan(&n, &distinct, &backfilled))
+			require.Equal(t, len(before)+len(during), n, "one receipt per event")
+			require.Equal(t, n, distinct)
+			require.Equal(t, len(before), backfilled, "the events sent before the rollout got theirs from the backfill")
+		},
+	})
+}
+
 // A team adds a receipts handler to its handler set: AssertRollout runs
 // the old set, then the old and the new together after the new release is
 // announced. Every event sent during the rollout gets its receipt; none

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/backfill"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/servicetest"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
@@ -30,6 +31,13 @@ type RolloutOptions struct {
 	Before, During [][]byte
 	// Setup creates the handlers' own tables (both versions').
 	Setup func(ctx context.Context, db *pgxpool.Pool) error
+	// Backfill, when set, names an event handler of New that Old lacks:
+	// the old workers archive what they commit (EVENT_ARCHIVE), and after
+	// the rollout the handler is backfilled over Before by the new worker
+	// (queued twice, as an operator running eventsctl effects backfill
+	// twice would); every event of Before its routes take must then have
+	// run it once, none failed. Check sees the tables after it.
+	Backfill string
 	// Check, when set, looks at the tables after the rollout: before and
 	// during are the events' ledger ids.
 	Check func(t *testing.T, db *pgxpool.Pool, before, during []string)
@@ -64,7 +72,7 @@ func AssertRollout(t *testing.T, opts RolloutOptions) {
 
 	start := func(release string, fx *effects.Registry) *worker.Worker {
 		w, stop := startWorker(t, workerSpec{dbURL: dbURL, amqpURL: amqpURL, redisPrefix: prefix, topo: topo,
-			fx: fx, release: release, prefetch: 16, batchSize: 4})
+			fx: fx, release: release, prefetch: 16, batchSize: 4, archive: opts.Backfill != ""})
 		t.Cleanup(stop)
 		return w
 	}
@@ -119,7 +127,41 @@ func AssertRollout(t *testing.T, opts RolloutOptions) {
 			require.ErrorContains(t, w.Ready(), "fenced: handler set "+oldSet.ID)
 		}
 	}
+	if opts.Backfill != "" {
+		assertBackfill(t, pool, opts.Backfill, before)
+	}
 	if opts.Check != nil {
 		opts.Check(t, pool, before, during)
 	}
+}
+
+// assertBackfill backfills handler over the events committed before the
+// rollout, queued twice, and waits for the new worker to run it: each
+// event the handler's routes take exactly once, none failed.
+func assertBackfill(t *testing.T, pool *pgxpool.Pool, handler string, before []string) {
+	t.Helper()
+	ctx := context.Background()
+	req := backfill.Request{Handler: handler, Since: time.Now().Add(-time.Hour)}
+	plan, err := backfill.MakePlan(ctx, pool, req)
+	require.NoError(t, err, "plan the backfill of %s", handler)
+	require.Equal(t, plan.Missed, plan.Archived, "events committed by the old set without an archived body")
+	var ids []int64
+	var queued int64
+	for range 2 {
+		id, n, err := backfill.Queue(ctx, pool, req, 1000, "effectstest")
+		require.NoError(t, err)
+		ids, queued = append(ids, id), queued+n
+	}
+	require.Equal(t, plan.ToQueue(), queued, "queued twice: each event once")
+	var progress backfill.Progress
+	waitFor(t, 60*time.Second, func() bool {
+		progress, err = backfill.ProgressOf(ctx, pool, ids[0])
+		require.NoError(t, err)
+		return progress.Finished
+	}, "the new worker ran the backfill of %s", handler)
+	require.Zero(t, progress.Failed, "backfill of %s: failed events, the last error: %s", handler, progress.LastError)
+	var ran int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM backfill_items WHERE handler = $1 AND event_id = ANY($2) AND outcome IN ('applied', 'skipped')`,
+		handler, before).Scan(&ran))
+	require.Equal(t, int(plan.Missed), ran, "events sent before the rollout that ran %s by the backfill", handler)
 }

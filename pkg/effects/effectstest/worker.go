@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/backfill"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dedupe"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
@@ -30,6 +31,9 @@ type workerSpec struct {
 	hooks                       worker.Hooks
 	prefetch, batchSize         int
 	metrics                     *prometheus.Registry
+	// archive keeps the committed events' bodies (EVENT_ARCHIVE), for a
+	// backfill; the worker runs the backfills of its handlers either way.
+	archive bool
 }
 
 // startWorker runs s until the returned stop is called, which waits for it
@@ -49,15 +53,29 @@ func startWorker(t *testing.T, s workerSpec) (*worker.Worker, func()) {
 		Topology: s.topo, Prefetch: s.prefetch, ReplayPrefetch: 4, Concurrency: 2, BatchSize: s.batchSize, BatchWait: 5 * time.Millisecond,
 		ProcessTimeout: 10 * time.Second, PublishTimeout: 5 * time.Second, ShutdownTimeout: 10 * time.Second,
 		Ledger: st, Cache: cache, Effects: s.fx, Release: s.release, Metrics: worker.NewMetrics(s.metrics), Hooks: s.hooks,
-		Outbox: func(tx effects.Tx) effects.Outbox { return outbox.NewBatch(tx) },
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		Outbox:  func(tx effects.Tx) effects.Outbox { return outbox.NewBatch(tx) },
+		Archive: s.archive,
+		Logger:  zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+	})
+	require.NoError(t, err)
+	backfills, err := backfill.NewRunner(backfill.RunnerOptions{
+		DB: st.Pool(), Ledger: st, Effects: s.fx, Fence: w.Registration, Poll: 100 * time.Millisecond,
+		Outbox: func(tx effects.Tx) effects.Outbox { return outbox.NewBatch(tx) }, Metrics: backfill.NewMetrics(s.metrics),
 	})
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(runCtx) }()
+	backfillDone := make(chan struct{})
+	go func() {
+		defer close(backfillDone)
+		if backfills != nil {
+			backfills.Run(runCtx)
+		}
+	}()
 	return w, func() {
 		cancel()
+		<-backfillDone
 		require.NoError(t, <-done)
 		_ = cache.Close()
 		st.Close()

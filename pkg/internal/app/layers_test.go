@@ -27,6 +27,8 @@ var layers = map[string]int{
 	"pkg/internal/receiver": 3, "pkg/internal/worker": 3, "pkg/internal/dlq": 3, "pkg/internal/outbox": 3,
 	// The reconciler: the provider's record of events against the ledger.
 	"pkg/internal/reconcile": 3,
+	// Backfills of handlers added later, and the event archive they need.
+	"pkg/internal/backfill": 2,
 	// Pruning the ledger and the audit trails by age.
 	"pkg/internal/retention": 2,
 	// What operators use.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/admin"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/backfill"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dedupe"
@@ -100,6 +101,7 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 		Cache:           cache,
 		Effects:         fx,
 		Release:         cfg.Release,
+		Archive:         cfg.EventArchive,
 		Outbox:          notifier.Outbox,
 		Logger:          log,
 		Metrics:         wm,
@@ -133,8 +135,19 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 		return err
 	}
 
+	backfills, err := backfill.NewRunner(backfill.RunnerOptions{
+		DB: st.Pool(), Ledger: st, Effects: fx, Outbox: notifier.Outbox, Fence: w.Registration,
+		Logger: log.Named("backfill"), Metrics: backfill.NewMetrics(reg),
+	})
+	if err != nil {
+		return err
+	}
+
 	var wg sync.WaitGroup
 	var metricsErr, adminErr error
+	if backfills != nil {
+		wg.Go(func() { backfills.Run(ctx) })
+	}
 	if stats != nil {
 		wg.Go(func() { _ = stats.Run(ctx) })
 	}

@@ -170,6 +170,10 @@ type Worker struct {
 	// handler set names it.
 	Release string `envconfig:"WORKER_RELEASE"`
 
+	// EventArchive keeps the body of every committed event (event_archive),
+	// so that a handler added later can be backfilled over it.
+	EventArchive bool `envconfig:"EVENT_ARCHIVE" default:"false"`
+
 	Outbox
 }
 
@@ -222,6 +226,10 @@ type Migrate struct {
 	// before an upgrade or a rollback): workers of another handler set stop
 	// committing from then on.
 	Release string `envconfig:"WORKER_RELEASE"`
+
+	// EventArchive keeps the body of every committed event (event_archive),
+	// so that a handler added later can be backfilled over it.
+	EventArchive bool `envconfig:"EVENT_ARCHIVE" default:"false"`
 }
 
 // Spec is the configuration of one binary (Receiver, Worker or Migrate): it

@@ -12,7 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -28,7 +27,8 @@ type Env func(string) string
 const usage = `eventsctl: operate idempotent-events
 
 usage:
-  eventsctl send [flags]   sign a sample (or given) event and POST it to the receiver
+  eventsctl send [flags]   sign a sample (or given) event, or a PaymentIntent's lifecycle (-types),
+                           and POST it to the receiver
   eventsctl sign [flags]   print the Stripe-Signature header for a body
   eventsctl verify [flags] wait until an event has exactly its expected rows
   eventsctl status [flags] queue depths and lag, DLQ size, ledger and duplicate rate
@@ -37,6 +37,7 @@ usage:
   eventsctl reconcile [flags] feed the events Stripe has and the ledger lacks into the pipeline,
                               or have GitHub redeliver a hook's failed deliveries
   eventsctl prune [flags]     delete ledger and audit rows older than their retention
+  eventsctl effects <command> backfill a handler over the events committed without it (eventsctl effects -h)
 
 Run "eventsctl <command> -h" for the flags of a command.
 `
@@ -65,6 +66,8 @@ func Main(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, 
 		return reconcileCmd(ctx, args[1:], env, stdout, stderr)
 	case "prune":
 		return pruneCmd(ctx, args[1:], env, stdout, stderr)
+	case "effects":
+		return effectsCmd(ctx, args[1:], env, stdout, stderr)
 	case "--version", "version":
 		fmt.Fprintln(stdout, "eventsctl", telemetry.Version)
 		return 0
@@ -128,70 +131,6 @@ func NewEventID() string {
 func firstSecret(env Env) string {
 	s, _, _ := strings.Cut(env("WEBHOOK_SECRETS"), ",")
 	return strings.TrimSpace(s)
-}
-
-func send(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("eventsctl send", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var ef eventFlags
-	ef.register(fs)
-	defURL := env("RECEIVER_URL")
-	if defURL == "" {
-		defURL = "http://127.0.0.1:8080"
-	}
-	url := fs.String("url", defURL, "receiver base URL ($RECEIVER_URL)")
-	secret := fs.String("secret", firstSecret(env), "signing secret (default: the first of $WEBHOOK_SECRETS)")
-	times := fs.Int("times", 1, "send the same signed event this many times")
-	unsigned := fs.Bool("unsigned", false, "send without a Stripe-Signature header")
-	timeout := fs.Duration("timeout", 10*time.Second, "timeout per request")
-	if err := fs.Parse(args); err != nil {
-		return flagStatus(err)
-	}
-	if *secret == "" && !*unsigned {
-		fmt.Fprintln(stderr, "eventsctl send: no secret: set WEBHOOK_SECRETS or pass -secret (or -unsigned)")
-		return 2
-	}
-	body, err := ef.body(stdin)
-	if err != nil {
-		fmt.Fprintln(stderr, "eventsctl send:", err)
-		return 2
-	}
-	client := &http.Client{Timeout: *timeout}
-	target := strings.TrimSuffix(*url, "/") + "/webhooks/payment"
-	status := 0
-	for i := 0; i < *times; i++ {
-		code, answer, err := post(ctx, client, target, body, *secret, *unsigned)
-		if err != nil {
-			fmt.Fprintln(stderr, "eventsctl send:", err)
-			return 1
-		}
-		fmt.Fprintf(stdout, "%d %s\n", code, strings.TrimSpace(answer))
-		if code >= 300 {
-			status = 1
-		}
-	}
-	return status
-}
-
-func post(ctx context.Context, client *http.Client, url string, body []byte, secret string, unsigned bool) (int, string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(string(body)))
-	if err != nil {
-		return 0, "", err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if !unsigned {
-		req.Header.Set(webhook.StripeHeader, webhook.SignStripe(secret, time.Now(), body))
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, "", fmt.Errorf("POST %s: %w", url, err)
-	}
-	defer resp.Body.Close()
-	answer, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if err != nil {
-		return 0, "", fmt.Errorf("read answer: %w", err)
-	}
-	return resp.StatusCode, string(answer), nil
 }
 
 func sign(args []string, env Env, stdin io.Reader, stdout, stderr io.Writer) int {

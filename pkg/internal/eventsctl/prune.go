@@ -14,11 +14,12 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/retention"
 )
 
-const pruneUsage = `  eventsctl prune [-ledger-retention 35d] [-audit-retention 365d] [-dry-run] [flags]
+const pruneUsage = `  eventsctl prune [-ledger-retention 35d] [-audit-retention 365d] [-archive-retention 35d] [-dry-run] [flags]
 
 Deletes, in batches of their own transaction, the rows older than their
-retention: processed_events, event_conflicts and finished reconcile runs by
-the ledger retention; dlq_audit and outbox_audit by the audit retention.
+retention: processed_events, event_conflicts, finished reconcile runs and
+finished backfills by the ledger retention; dlq_audit and outbox_audit by
+the audit retention; event_archive by the archive retention.
 Each run is recorded in prune_runs. A ledger row is what makes a
 redelivery a duplicate: keep it longer than the provider retries and than
 any reconcile window (at least 7d; eventsctl reconcile refuses a window
@@ -41,6 +42,7 @@ func pruneCmd(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	ledger := fs.String("ledger-retention", orDefault(env("LEDGER_RETENTION"), "35d"), "keep the ledger, conflicts and reconcile runs this long, e.g. 35d or 840h ($LEDGER_RETENTION; at least 7d)")
 	audit := fs.String("audit-retention", orDefault(env("AUDIT_RETENTION"), "365d"), "keep the DLQ and outbox audit trails this long ($AUDIT_RETENTION; at least 30d)")
+	archive := fs.String("archive-retention", env("ARCHIVE_RETENTION"), "keep the event archive's bodies (EVENT_ARCHIVE) this long; what a backfill can still reach ($ARCHIVE_RETENTION; default: the ledger retention)")
 	batch := fs.Int("batch", 5000, "rows one DELETE removes")
 	pause := fs.Duration("pause", 250*time.Millisecond, "wait between two batches, to leave the pipeline the database (0 deletes as fast as it can)")
 	dryRun := fs.Bool("dry-run", false, "count what would be deleted, delete nothing")
@@ -65,6 +67,12 @@ func pruneCmd(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	if err != nil {
 		return fail(2, "-audit-retention (AUDIT_RETENTION): %v", err)
 	}
+	var keepArchive time.Duration
+	if *archive != "" {
+		if keepArchive, err = retention.ParseDays(*archive); err != nil {
+			return fail(2, "-archive-retention (ARCHIVE_RETENTION): %v", err)
+		}
+	}
 	if *dbURL == "" {
 		return fail(2, "DATABASE_URL (or -database-url) is required")
 	}
@@ -76,7 +84,7 @@ func pruneCmd(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		return fail(2, "%v", err)
 	}
 	defer func() { _ = log.Sync() }()
-	opts := retention.Options{Ledger: keepLedger, Audit: keepAudit, Batch: *batch, Pause: *pause, DryRun: *dryRun, Logger: log.Named("prune")}
+	opts := retention.Options{Ledger: keepLedger, Audit: keepAudit, Archive: keepArchive, Batch: *batch, Pause: *pause, DryRun: *dryRun, Logger: log.Named("prune")}
 	if *checkOnly {
 		if err := opts.CheckSettings(); err != nil {
 			return fail(2, "%v", err)

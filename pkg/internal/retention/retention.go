@@ -1,6 +1,7 @@
 // Package retention prunes what grows without bound: the ledger
 // (processed_events), the deliveries kept as conflicts, finished reconcile
-// runs, and the audit trails of the DLQ and outbox tools.
+// runs and backfills, the event archive, and the audit trails of the DLQ
+// and outbox tools.
 //
 // A ledger row is what makes a redelivery a duplicate, so it must outlive
 // every way the same event can come again: the provider's retries (Stripe:
@@ -40,7 +41,7 @@ const (
 // a batch of them is named.
 type table struct {
 	name, key, age, where string
-	audit                 bool
+	audit, archive        bool
 }
 
 // tables are pruned in this order.
@@ -50,14 +51,21 @@ var tables = []table{
 	{name: "reconcile_runs", key: "id", age: "finished_at", where: "state = 'done'"},
 	{name: "dlq_audit", key: "id", age: "at", audit: true},
 	{name: "outbox_audit", key: "id", age: "at", audit: true},
+	// The event archive (package backfill) has its own retention: what a
+	// backfill may still reach.
+	{name: "event_archive", key: "event_id", age: "archived_at", archive: true},
+	{name: "backfill_items", key: "id", age: "finished_at", where: "finished_at IS NOT NULL"},
+	// A backfill finishes after its items (they cascade with it).
+	{name: "backfills", key: "id", age: "finished_at", where: "finished_at IS NOT NULL"},
 }
 
 // Options configures a prune.
 type Options struct {
 	DB *pgxpool.Pool
-	// Ledger is the retention of the ledger, the conflicts and the
-	// reconcile runs; Audit that of the audit trails.
-	Ledger, Audit time.Duration
+	// Ledger is the retention of the ledger, the conflicts, the reconcile
+	// runs and the finished backfills; Audit that of the audit trails;
+	// Archive that of the event archive (the Ledger's when 0).
+	Ledger, Audit, Archive time.Duration
 	// Batch is the rows one DELETE removes; Pause the wait between two.
 	Batch int
 	Pause time.Duration
@@ -86,6 +94,7 @@ func (o Options) CheckSettings() error {
 func (o *Options) settings(p *options.Problems) {
 	p.Need(o.Ledger >= MinLedger, "Ledger", "must be at least 7d: a ledger row must outlive the provider's retries and the replay and reconcile windows")
 	p.Need(o.Audit >= MinAudit, "Audit", "must be at least 30d")
+	p.Need(o.Archive >= 0, "Archive", "must not be negative")
 	p.Need(o.Batch >= 1, "Batch", "must be at least 1")
 	p.Need(o.Pause >= 0, "Pause", "must not be negative")
 }
@@ -117,8 +126,11 @@ func Prune(ctx context.Context, o Options) (Report, error) {
 	}
 	for _, t := range tables {
 		keep := o.Ledger
-		if t.audit {
+		switch {
+		case t.audit:
 			keep = o.Audit
+		case t.archive && o.Archive > 0:
+			keep = o.Archive
 		}
 		n, err := o.prune(ctx, t, keep)
 		rep.Deleted[t.name] = n

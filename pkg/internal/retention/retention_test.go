@@ -49,7 +49,16 @@ func seed(t *testing.T, db *pgxpool.Pool) {
 			VALUES ($1, 'stripe', '\x00', '\x01', '{}', now() - $2 * interval '1 day')`, fmt.Sprintf("evt_%d", i), age)
 		exec(t, db, `INSERT INTO reconcile_runs (source, window_start, window_end, state, finished_at)
 			VALUES ($1, now(), now(), 'done', now() - $2 * interval '1 day')`, fmt.Sprintf("s%d", i), age)
+		exec(t, db, `INSERT INTO event_archive (event_id, source, provider_id, event_type, body, archived_at)
+			VALUES ($1, 'stripe', $1, 't', '{}', now() - $2 * interval '1 day')`, fmt.Sprintf("evt_%d", i), age)
+		// A finished backfill with one item, finished at age.
+		exec(t, db, `WITH b AS (INSERT INTO backfills (handler, since, rate, finished_at) VALUES ('h', now(), 1, now() - $2 * interval '1 day') RETURNING id)
+			INSERT INTO backfill_items (backfill_id, handler, event_id, outcome, finished_at) SELECT id, 'h', $1, 'applied', now() - $2 * interval '1 day' FROM b`,
+			fmt.Sprintf("evt_%d", i), age)
 	}
+	// An open backfill and its pending item are never pruned, however old.
+	exec(t, db, `WITH b AS (INSERT INTO backfills (handler, since, rate, created_at) VALUES ('open', now(), 1, now() - interval '90 days') RETURNING id)
+		INSERT INTO backfill_items (backfill_id, handler, event_id) SELECT id, 'open', 'evt_open' FROM b`)
 	// An unfinished run is never pruned, however old.
 	exec(t, db, `INSERT INTO reconcile_runs (source, window_start, window_end, started_at) VALUES ('open', now(), now(), now() - interval '90 days')`)
 	for _, age := range []int{400, 366, 100} { // audit retention 365d
@@ -62,13 +71,14 @@ func TestPruneDeletesWhatIsOlderThanItsRetentionInBatches(t *testing.T) {
 	t.Parallel()
 	db := pool(t)
 	seed(t, db)
-	o := retention.Options{DB: db, Ledger: retention.DefaultLedger, Audit: retention.DefaultAudit, Batch: 3}
+	o := retention.Options{DB: db, Ledger: retention.DefaultLedger, Audit: retention.DefaultAudit, Archive: 10 * 24 * time.Hour, Batch: 3}
 
 	dry := o
 	dry.DryRun = true
 	rep, err := retention.Prune(context.Background(), dry)
 	require.NoError(t, err)
-	want := map[string]int64{"processed_events": 10, "event_conflicts": 2, "reconcile_runs": 2, "dlq_audit": 2, "outbox_audit": 2}
+	want := map[string]int64{"processed_events": 10, "event_conflicts": 2, "reconcile_runs": 2, "dlq_audit": 2, "outbox_audit": 2,
+		"event_archive": 3, "backfill_items": 2, "backfills": 2}
 	assert.Equal(t, want, rep.Deleted)
 	assert.Equal(t, 20, count(t, db, `SELECT count(*) FROM processed_events`), "a dry run deletes nothing")
 	assert.Zero(t, count(t, db, `SELECT count(*) FROM prune_runs`), "nor records a run")
@@ -83,6 +93,9 @@ func TestPruneDeletesWhatIsOlderThanItsRetentionInBatches(t *testing.T) {
 	assert.Zero(t, count(t, db, `SELECT count(*) FROM processed_events WHERE processed_at < now() - interval '35 days'`))
 	assert.Equal(t, 1, count(t, db, `SELECT count(*) FROM reconcile_runs WHERE source = 'open'`))
 	assert.Equal(t, 1, count(t, db, `SELECT count(*) FROM dlq_audit`))
+	assert.Equal(t, 1, count(t, db, `SELECT count(*) FROM event_archive`), "the archive by its own retention (10d)")
+	assert.Equal(t, 1, count(t, db, `SELECT count(*) FROM backfill_items WHERE handler = 'open'`))
+	assert.Equal(t, 3, count(t, db, `SELECT count(*) FROM backfills`), "the open one and the two within the ledger retention")
 	assert.Equal(t, 1, count(t, db, `SELECT count(*) FROM prune_runs WHERE finished_at IS NOT NULL AND deleted->>'processed_events' = '10'`))
 
 	keep, ok, err := retention.LedgerRetention(context.Background(), db)

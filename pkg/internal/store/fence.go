@@ -205,3 +205,30 @@ func (s *Store) Generations(ctx context.Context) ([]Generation, error) {
 	}
 	return gens, nil
 }
+
+// fenceHead is the fence's part of a transaction's first round trip: the
+// lock shared, then the current generation, read in a statement of its own
+// after it; a *FencedError when it is not mine's.
+func fenceHead(mine Fence) []stmt {
+	return []stmt{{sql: fenceLockShared}, {sql: currentGeneration, read: func(rows pgx.Rows) error {
+		var cur Generation
+		if _, err := pgx.ForEachRow(rows, []any{&cur.Generation, &cur.Release, &cur.SetID}, func() error { return nil }); err != nil {
+			return err
+		}
+		if cur.SetID != mine.SetID {
+			return &FencedError{Mine: mine, Current: cur}
+		}
+		return nil
+	}}}
+}
+
+// InFence runs fn in a transaction fenced as CommitAs's are: nothing of it
+// commits, and fn does not run, unless mine's handler set is the current
+// generation's (a *FencedError otherwise). A worker's work beside its
+// events (a backfill) goes through it, so a fenced worker writes nothing.
+func (s *Store) InFence(ctx context.Context, mine Fence, fn func(tx Tx) error) error {
+	if mine.SetID == "" {
+		return errors.New("fenced transaction: the worker has not registered its handler set")
+	}
+	return s.inTx(ctx, fenceHead(mine), fn)
+}

@@ -275,18 +275,7 @@ func (s *Store) commit(ctx context.Context, f *Fence, recs []Record, apply Apply
 	var gen *int64
 	if f != nil {
 		gen = &f.Generation
-		// The fence (fence.go): the lock shared, then the current
-		// generation, read in a statement of its own after it.
-		head = append(head, stmt{sql: fenceLockShared}, stmt{sql: currentGeneration, read: func(rows pgx.Rows) error {
-			var cur Generation
-			if _, err := pgx.ForEachRow(rows, []any{&cur.Generation, &cur.Release, &cur.SetID}, func() error { return nil }); err != nil {
-				return err
-			}
-			if cur.SetID != f.SetID {
-				return &FencedError{Mine: *f, Current: cur}
-			}
-			return nil
-		}})
+		head = fenceHead(*f)
 	}
 	head = append(head, stmt{sql: insertLedger, args: []any{ids, sources, types, digests, received, attempts, gen}, read: func(rows pgx.Rows) (err error) {
 		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])

@@ -252,3 +252,51 @@ func TestAFencedWorkerResumesOnceItsHandlerSetIsCurrentAgain(t *testing.T) {
 	require.Zero(t, w.outcomes("retried")+w.outcomes("dead_lettered"))
 	e.invariant()
 }
+
+// With the archive on (EVENT_ARCHIVE), every event the worker commits —
+// applied or skipped — has its body and identity in event_archive, written
+// in its transaction: the event a handler refused for good has neither
+// ledger row nor archive row. Off, nothing is archived.
+func TestTheArchiveKeepsTheBodyOfEveryCommittedEvent(t *testing.T) {
+	t.Parallel()
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("archive=%v", on), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, broker.QueueClassic)
+			bodies := map[string][]byte{}
+			for _, id := range []string{"evt_a", "evt_skip", "evt_perm"} {
+				bodies[id] = e.event(id)
+				e.publish(bodies[id])
+			}
+			archive := func(o *worker.Options, _ *env) { o.Archive = on }
+			w := e.start(batched(8, 200*time.Millisecond), orders(func(ev effects.Event) error {
+				switch ev.Key {
+				case "evt_perm":
+					return effects.Permanent(errors.New("refused"))
+				case "evt_skip":
+					return effects.Skip("not an order")
+				}
+				return nil
+			}), archive)
+			eventually(t, func() bool { return w.outcomes("processed")+w.outcomes("dead_lettered") == 3 }, "all settled")
+			w.stop(t)
+			if !on {
+				assert.Zero(t, e.queryInt(`SELECT count(*) FROM event_archive`))
+				return
+			}
+			assert.Equal(t, 2, e.queryInt(`SELECT count(*) FROM event_archive`))
+			for _, id := range []string{"evt_a", "evt_skip"} {
+				var body []byte
+				var source, typ, objType, objID string
+				require.NoError(t, e.store.Pool().QueryRow(context.Background(),
+					`SELECT body, source, event_type, object_type, object_id FROM event_archive WHERE event_id = $1`, id).
+					Scan(&body, &source, &typ, &objType, &objID))
+				assert.Equal(t, bodies[id], body, id)
+				assert.Equal(t, "stripe", source)
+				assert.Equal(t, "payment_intent.succeeded", typ)
+				assert.Equal(t, "payment_intent", objType)
+				assert.NotEmpty(t, objID)
+			}
+		})
+	}
+}

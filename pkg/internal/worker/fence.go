@@ -43,6 +43,11 @@ func (f *fenceState) set(mine store.Fence, reason string) {
 	f.mine, f.reason = mine, reason
 }
 
+// Registration is the worker's registration, the zero Fence before it
+// registered: work it does beside its events (a backfill) runs in a
+// transaction fenced by it (store.InFence).
+func (w *Worker) Registration() store.Fence { return w.fence.registration() }
+
 // registration is the worker's Fence.
 func (f *fenceState) registration() store.Fence {
 	f.mu.Lock()

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/backfill"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dedupe"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/event"
@@ -378,6 +379,9 @@ func (w *Worker) commitOnce(ctx context.Context, msgs []*message) (isNew []bool,
 		}
 		out = w.opts.Outbox(tx)
 		applied, err := w.opts.Effects.Apply(ctx, evs, tx, out)
+		if err == nil && w.opts.Archive {
+			err = backfill.Archive(ctx, tx, evs)
+		}
 		if err == nil {
 			if f, ok := out.(interface{ Flush(context.Context) error }); ok {
 				err = f.Flush(ctx) // an outbox that writes its messages at the end

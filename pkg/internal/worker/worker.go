@@ -52,7 +52,10 @@ type Options struct {
 	// it (one with a Flush(ctx) error method is flushed after the handlers,
 	// before COMMIT; one with a Committed() method is told after COMMIT);
 	// effects.NoOutbox when nil (Enqueue fails, the event is retried).
-	Outbox  func(tx effects.Tx) effects.Outbox
+	Outbox func(tx effects.Tx) effects.Outbox
+	// Archive keeps every committed event's body in event_archive, in its
+	// transaction (EVENT_ARCHIVE), for backfills (package backfill).
+	Archive bool
 	Logger  *zap.Logger // zap.NewNop() when nil
 	Metrics *Metrics
 	Hooks   Hooks
