@@ -125,7 +125,7 @@ SELECT coalesce(max(generation), 0) + 1, $1, $2, $3, clock_timestamp(), clock_ti
 RETURNING generation`, release, setID, js).Scan(&gen)
 		case err == nil && have == nil:
 			// Announced; the first worker of the release says which set it runs.
-			_, err = tx.Exec(ctx, `UPDATE handler_generations SET set_id = $2, handlers = $3, registered_at = now() WHERE generation = $1`, gen, setID, js)
+			_, err = tx.Exec(ctx, `UPDATE handler_generations SET set_id = $2, handlers = $3, registered_at = clock_timestamp() WHERE generation = $1`, gen, setID, js)
 		case err == nil && *have != setID:
 			return fmt.Errorf("%w: release %s (generation %d) runs handler set %s, not this worker's %s: one release, one handler set",
 				ErrGenerationTaken, release, gen, *have, setID)

@@ -51,6 +51,21 @@
 // ledger answers. The scenario's note says how many Redis errors and
 // misses there were, before, during and after each failover.
 //
+// In the rollout scenario two worker binaries with different handler sets
+// consume together while the releases alternate, as rolling deploys and
+// rollbacks run them (rollout.go): the stock worker (the payment state)
+// and the orders worker (plus orders.create). Each switch announces a
+// release with the real migrate (WORKER_RELEASE, the chart's hook) and
+// starts a worker of it; then a worker of the replaced release is
+// restarted, which must say it is fenced; workers are SIGKILLed at random
+// all along. Besides the usual checks (the orders and emails expected only
+// for the succeeded payments committed by the orders set), every event
+// must have been committed by the handler set that was current at its
+// commit: none skipped, per handler. -rollout-unfenced is its negative
+// control, which must fail:
+//
+//	go run ./pkg/internal/cmd/chaos -scenarios rollout -rollout-unfenced -events 500 -dups 3 -duration 8s
+//
 // The pg-failover scenario, chosen by name (it is not in "all": it runs on
 // a private Postgres cluster instead of the shared one), puts the ledger
 // on a primary and a synchronous standby (pgcluster), reached through a
@@ -107,6 +122,8 @@ type options struct {
 	pgAsync                  bool
 	pgFailovers              int
 	pgFailoverEvery, pgDelay time.Duration
+	// rolloutUnfenced is the rollout scenario's negative control.
+	rolloutUnfenced bool
 }
 
 func main() {
@@ -126,6 +143,7 @@ func main() {
 	flag.IntVar(&o.pgFailovers, "pg-failovers", 3, "pg-failover: how many times the primary is SIGKILLed and the standby promoted")
 	flag.DurationVar(&o.pgFailoverEvery, "pg-failover-every", 10*time.Second, "pg-failover: mean time from the end of a failover (the old primary a standby again) to the next kill, drawn from 0.5–1.5 times it")
 	flag.DurationVar(&o.pgDelay, "pg-replication-delay", 2*time.Millisecond, "pg-failover: delay each way on the replication link between the nodes (a long link, not a slow one)")
+	flag.BoolVar(&o.rolloutUnfenced, "rollout-unfenced", false, "rollout with the old workers unfenced (a private copy of handler_generations): the negative control, which must fail")
 	flag.BoolVar(&o.brokerRestart, "broker-restart", true, "restart the real RabbitMQ (rabbitmqctl stop_app/start_app) in the broker and combined scenarios")
 	flag.BoolVar(&o.flushAll, "flushall", false, "use a real FLUSHALL in the redis scenarios (it empties the whole shared Redis); otherwise the run's own keys are deleted")
 	flag.Parse()
@@ -141,6 +159,9 @@ func main() {
 	}
 	if o.pgAsync && !slices.Contains(selected, "pg-failover") {
 		check(errors.New("-pg-async applies to the pg-failover scenario, which is not selected"))
+	}
+	if o.rolloutUnfenced && !slices.Contains(selected, "rollout") {
+		check(errors.New("-rollout-unfenced applies to the rollout scenario, which is not selected"))
 	}
 	fmt.Printf("%-16s %8s %8s %7s %9s %5s %7s %4s %4s %5s %6s %9s %8s  %s\n",
 		"scenario", "events", "sent", "faults", "processed", "lost", "doubled", "dlq", "left", "state", "emails", "lost/dbl", "wall",
@@ -226,6 +247,9 @@ type scenario struct {
 	// orders binary with OUTBOX_RELAY=only (system.relays), the workers
 	// with OUTBOX_RELAY=off.
 	relayApart bool
+	// rollout runs the old and new workers of rollout.go (system.rollout)
+	// instead of o.workers orders workers, and checks the handler sets.
+	rollout bool
 }
 
 // relayProcs is how many relay processes a relayApart scenario runs.
@@ -256,12 +280,13 @@ var scenarios = map[string]scenario{
 	"relay-apart":     {faults: relayKill, relayApart: true},
 	"combined":        {faults: combined},
 	"reconcile":       {reject: 0.1, recover: reconcileRejected},
+	"rollout":         {faults: rollout, rollout: true},
 	"pg-failover":     {faults: pgFailover},
 }
 
 func names() []string {
 	return []string{"baseline", "kill-workers", "kill-receiver", "redis", "redis-sentinel", "postgres-cuts", "rabbitmq", "rabbit-cluster", "latency",
-		"postgres-outage", "relay-kill", "relay-apart", "combined", "reconcile"}
+		"postgres-outage", "relay-kill", "relay-apart", "combined", "reconcile", "rollout"}
 }
 
 // system is the running pipeline: proxies in front of the services, one
@@ -296,6 +321,8 @@ type system struct {
 	cluster *clusterRun
 	// sentinel is the redis-sentinel scenario's Redis.
 	sentinel *sentinelRun
+	// rollout is the rollout scenario's releases and workers.
+	rollout *rolloutRun
 	// receiverMetrics and workerMetrics are the processes' METRICS_ADDR.
 	receiverMetrics string
 	workerMetrics   []string
@@ -416,13 +443,15 @@ type result struct {
 	wall                          time.Duration
 	receiverPeak, workerPeak      int64
 	recoveryProblems              int
+	// handlerProblems are what the rollout's handler-set checks found.
+	handlerProblems int
 	// note is printed under the line, detail too when the scenario failed.
 	note, detail string
 }
 
 func (r result) ok() bool {
 	return r.faultErr == nil && r.lost == 0 && r.doubled == 0 && r.dlq == 0 && r.left == 0 && r.wrongState == 0 && r.processed == r.events &&
-		r.emailsLost == 0 && r.emailsDoubled == 0 && r.recoveryProblems == 0
+		r.emailsLost == 0 && r.emailsDoubled == 0 && r.recoveryProblems == 0 && r.handlerProblems == 0
 }
 
 func (r result) line() string {
@@ -459,6 +488,9 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 		onExit(sys.sentinel.Close)
 		o.duration = max(o.duration, sentinelMinDuration)
 	}
+	if sc.rollout {
+		o.duration = max(o.duration, rolloutMinDuration)
+	}
 	if name == "pg-failover" {
 		// A private primary and standby, reached by the multi-host URL.
 		sys.pgCluster, err = pgcluster.Start(ctx, pgcluster.Options{Async: o.pgAsync})
@@ -487,8 +519,13 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 			sys.startRelay(i)
 		}
 	}
-	for i := range sys.workers {
-		sys.startWorker(i)
+	if sc.rollout {
+		sys.rollout = startRollout(ctx, sys, o)
+		defer sys.rollout.Close()
+	} else {
+		for i := range sys.workers {
+			sys.startWorker(i)
+		}
 	}
 	sys.startConsumer()
 	defer func() {
@@ -593,6 +630,9 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	if o.pgAsync && name == "pg-failover" {
 		r.name += "/async"
 	}
+	if o.rolloutUnfenced && name == "rollout" {
+		r.name += "/unfenced"
+	}
 	if r.faultErr = sys.faultErr; r.faultErr != nil {
 		r.detail += fmt.Sprintf("  the faults were not injected: %v\n", r.faultErr)
 	}
@@ -601,12 +641,23 @@ func runScenario(ctx context.Context, binDir, name string, sc scenario, o option
 	if r.wrongState > 0 {
 		r.detail += fmt.Sprintf("  %d payments did not end in the state of their events in order (succeeded after a retried debit)\n", r.wrongState)
 	}
-	d := settleDownstream(ctx, sys, len(payments))
+	// One order, and so one email, per payment; in the rollout only per
+	// succeeded payment committed by the set with the orders handler.
+	wantOrders := len(payments)
+	if sys.rollout != nil {
+		v := sys.rollout.verify(ctx, "evt_chaos_"+name+"_%")
+		wantOrders, r.handlerProblems = v.wantOrders, len(v.problems)
+		r.note = strings.TrimPrefix(r.note+"\n"+v.note, "\n")
+		for _, p := range v.problems {
+			r.detail += "  " + p + "\n"
+		}
+	}
+	d := settleDownstream(ctx, sys, wantOrders)
 	r.emails, r.emailsDoubled = d.Emails, d.Emails-d.EmailedPayments
-	r.emailsLost = len(payments) - d.EmailedPayments
-	if d.Orders != len(payments) || d.Unpublished != 0 {
-		r.left += abs(d.Orders-len(payments)) + d.Unpublished
-		r.detail += fmt.Sprintf("  downstream: %d orders for %d payments, %d outbox rows unpublished\n", d.Orders, len(payments), d.Unpublished)
+	r.emailsLost = wantOrders - d.EmailedPayments
+	if d.Orders != wantOrders || d.Unpublished != 0 {
+		r.left += abs(d.Orders-wantOrders) + d.Unpublished
+		r.detail += fmt.Sprintf("  downstream: %d orders for %d payments, %d outbox rows unpublished\n", d.Orders, wantOrders, d.Unpublished)
 	}
 	close(stopRSS)
 	r.events, r.sent, r.faults, r.wall = len(ids), sent, faults, time.Since(start)
