@@ -32,6 +32,7 @@ usage:
   eventsctl sign [flags]   print the Stripe-Signature header for a body
   eventsctl verify [flags] wait until an event has exactly its expected rows
   eventsctl status [flags] queue depths and lag, DLQ size, ledger and duplicate rate
+  eventsctl events <command>  where is an event and what happened to it; an object's events (eventsctl events -h)
   eventsctl dlq <command>  list, show, replay or discard messages in events.dlq (eventsctl dlq -h)
   eventsctl outbox <command>  list, show or retry parked outbox messages (eventsctl outbox -h)
   eventsctl reconcile [flags] feed the events Stripe has and the ledger lacks into the pipeline,
@@ -68,6 +69,8 @@ func Main(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, 
 		return pruneCmd(ctx, args[1:], env, stdout, stderr)
 	case "effects":
 		return effectsCmd(ctx, args[1:], env, stdout, stderr)
+	case "events":
+		return eventsCmd(ctx, args[1:], env, stdout, stderr)
 	case "--version", "version":
 		fmt.Fprintln(stdout, "eventsctl", telemetry.Version)
 		return 0
