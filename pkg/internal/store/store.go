@@ -488,3 +488,22 @@ func IsPermanent(err error) bool {
 	}
 	return false
 }
+
+// Hint says what an operator can do about a database error that is not an
+// outage of the server but of what the worker expects on it: the database
+// or the schema missing ("" for any other error).
+func Hint(err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return ""
+	}
+	switch pgErr.Code {
+	case "3D000": // invalid_catalog_name
+		return "the database does not exist: run migrate (`migrate up` creates it and its schema)"
+	case "3F000", "42P01": // invalid_schema_name, undefined_table
+		return "the schema is missing or older than this binary: run migrate (`migrate up`)"
+	case "28P01", "28000": // invalid_password, invalid_authorization_specification
+		return "PostgreSQL refused the credentials of DATABASE_URL"
+	}
+	return ""
+}

@@ -74,7 +74,7 @@ func (w *Worker) vouch(ctx context.Context) {
 		return
 	}
 	if err := w.opts.Cache.Vouch(rctx, epoch, epochLease); err != nil {
-		w.log.Debug("vouch for the ledger epoch in Redis failed", zap.String("epoch", epoch), zap.Error(err))
+		w.redis.failed(w.log, "vouch for the ledger epoch", err)
 	}
 	switch old, _ := w.epoch.swap(epoch); {
 	case old == epoch:

@@ -110,6 +110,7 @@ func (w *Worker) awaitCurrent(ctx context.Context) bool {
 			}
 			continue
 		}
+		w.setWaiting(waitRegistering)
 		current, err := w.register(ctx)
 		registered = err == nil || errors.Is(err, store.ErrGenerationTaken)
 		switch {
@@ -126,7 +127,8 @@ func (w *Worker) awaitCurrent(ctx context.Context) bool {
 				w.log.Error("fenced: the handler set cannot be registered", zap.Error(err))
 			}
 		case err != nil:
-			w.log.Warn("cannot register the handler set; trying again", zap.Error(err))
+			w.setWaiting(postgresReason("cannot register the handler set", err))
+			w.log.Warn("cannot register the handler set in postgres (DATABASE_URL); trying again", zap.Error(err), zap.String("hint", store.Hint(err)))
 		}
 		if !backoff.Sleep(ctx, fencePoll) {
 			return false

@@ -101,6 +101,14 @@ func shutdownTimeout(d time.Duration) option {
 // it consumes.
 func (e *env) start(opts ...option) *running {
 	e.t.Helper()
+	r := e.startNoWait(opts...)
+	require.Eventually(e.t, func() bool { return r.w.Ready() == nil }, 10*time.Second, 10*time.Millisecond, "worker never consumed")
+	return r
+}
+
+// startNoWait is start without waiting until the worker consumes.
+func (e *env) startNoWait(opts ...option) *running {
+	e.t.Helper()
 	o := worker.Options{
 		Dialer:   broker.Dialer{URL: e.amqpURL, Name: e.t.Name(), MaxBackoff: 200 * time.Millisecond, DialTimeout: time.Second},
 		Topology: e.topo, Prefetch: 64, ReplayPrefetch: 4, Concurrency: 2, BatchSize: 16, BatchWait: 5 * time.Millisecond,
@@ -123,7 +131,6 @@ func (e *env) start(opts ...option) *running {
 	r.cancel = cancel
 	go func() { r.done <- r.w.Run(ctx) }()
 	e.t.Cleanup(func() { r.stop(e.t) })
-	require.Eventually(e.t, func() bool { return r.w.Ready() == nil }, 10*time.Second, 10*time.Millisecond, "worker never consumed")
 	return r
 }
 

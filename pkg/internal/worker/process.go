@@ -168,8 +168,10 @@ func (w *Worker) processRound(ctx context.Context, msgs []*message) error {
 	if err != nil {
 		// Degrade to Postgres only: a miss, never a skip.
 		w.m.redisLookups.WithLabelValues("error").Add(float64(len(ids)))
-		w.log.Debug("redis lookup failed; asking postgres", zap.Error(err))
+		w.redis.failed(w.log, "lookup", err)
 		hits = nil
+	} else {
+		w.redis.ok(w.log)
 	}
 	var todo, conflicts []*message
 	for i, m := range msgs {
@@ -316,7 +318,7 @@ func (w *Worker) commit(ctx context.Context, msgs []*message, isolate bool) erro
 	defer cancel()
 	if err := w.opts.Cache.MarkCommitted(mctx, entries); err != nil {
 		w.m.redisWrites.WithLabelValues("error").Inc()
-		w.log.Debug("redis write after commit failed", zap.Error(err))
+		w.redis.failed(w.log, "write after commit", err)
 	} else {
 		w.m.redisWrites.WithLabelValues("ok").Inc()
 	}

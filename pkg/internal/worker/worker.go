@@ -16,6 +16,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/backoff"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/options"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
 )
 
 // Options configures a Worker. New refuses a zero count, a zero timeout or
@@ -95,8 +96,11 @@ type Worker struct {
 	log       *zap.Logger
 	m         *Metrics
 	consuming atomic.Bool
-	epoch     epochState
-	fence     fenceState
+	// waiting is why it is not consuming (faults.go).
+	waiting atomic.Pointer[string]
+	redis   redisFaults
+	epoch   epochState
+	fence   fenceState
 	// set is opts.Effects's identity, which does not change after New.
 	set effects.Set
 }
@@ -115,7 +119,7 @@ func (w *Worker) Ready() error {
 		return errors.New("fenced: " + reason)
 	}
 	if !w.consuming.Load() {
-		return errors.New("not consuming: broker not connected")
+		return errors.New("not consuming: " + w.waitingReason())
 	}
 	return nil
 }
@@ -181,6 +185,8 @@ func openConsumer(conn *amqp.Connection, queue string, prefetch int) (*consumer,
 }
 
 func (w *Worker) serve(ctx context.Context, conn *amqp.Connection) error {
+	defer w.setWaiting(waitBrokerLost)
+	w.setWaiting(waitPostgres)
 	if err := w.opts.Topology.DeclareOn(conn); err != nil {
 		return err
 	}
@@ -239,9 +245,10 @@ func (w *Worker) awaitDependencies(ctx context.Context) bool {
 			return false
 		}
 		if i == 0 {
-			w.log.Warn("postgres unreachable: consumption paused until it answers", zap.Error(err))
+			w.log.Warn("postgres (DATABASE_URL) unreachable: consumption paused until it answers", zap.Error(err), zap.String("hint", store.Hint(err)))
 			w.m.paused.Set(1)
 		}
+		w.setWaiting(postgresReason("unreachable, consumption paused", err))
 		if !backoff.Sleep(ctx, backoff.Jitter(wait)) {
 			return false
 		}
