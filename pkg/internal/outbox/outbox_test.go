@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/idempotent-events/idempotent-events/pkg/consumer"
 	"github.com/idempotent-events/idempotent-events/pkg/effects"
@@ -284,4 +286,45 @@ func TestAnUnroutableMessageIsParkedAndHoldsItsObjectBack(t *testing.T) {
 	}(), "unroutable")
 	require.Never(t, func() bool { return e.count(`SELECT count(*) FROM received WHERE id = 'evt_p2/e'`) > 0 },
 		time.Second, 50*time.Millisecond, "a parked message holds its object's later messages back")
+}
+
+// A relay whose database fails (here: its schema has no outbox table, as
+// before migrate ran) keeps its broker connection: it says PostgreSQL in
+// Ready and in one warning, never "broker connection lost", and publishes
+// once the table is there, on the same connection.
+func TestADatabaseErrorDoesNotCostTheBrokerConnection(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	var migrated string
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&migrated))
+	empty := servicetest.Name("ie_relay_empty")
+	_, err := e.pool.Exec(ctx, "CREATE SCHEMA "+empty)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = e.pool.Exec(context.Background(), "DROP SCHEMA "+empty+" CASCADE") })
+	pool, err := pgxpool.New(ctx, servicetest.WithSearchPath(servicetest.DatabaseURL, empty))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	core, logs := observer.New(zap.InfoLevel)
+	opts := e.relayOptions(e.amqpURL, 10)
+	opts.Pool, opts.DatabaseURL, opts.Logger = pool, "", zap.New(core)
+	r := e.relayWith(opts)
+	var ready error
+	require.Eventually(t, func() bool {
+		ready = r.Ready()
+		return ready != nil && strings.Contains(ready.Error(), "PostgreSQL (DATABASE_URL)")
+	}, 10*time.Second, 10*time.Millisecond, "readiness: %v", func() any { return ready })
+	assert.Contains(t, ready.Error(), "claim outbox rows")
+	time.Sleep(2 * time.Second) // rounds keep failing meanwhile
+	assert.Empty(t, logs.FilterMessageSnippet("broker connection lost").All(), "the broker connection was dropped for a database error")
+	assert.Len(t, logs.FilterMessageSnippet("postgres (DATABASE_URL) failing").All(), 1, "one warning per outage")
+	connects := len(logs.FilterMessageSnippet("broker connected").All())
+
+	_, err = e.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s.outbox (LIKE %[2]s.outbox INCLUDING ALL);
+		CREATE TABLE %[1]s.outbox_sequences (LIKE %[2]s.outbox_sequences INCLUDING ALL)`, empty, migrated))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return r.Ready() == nil }, 15*time.Second, 20*time.Millisecond, "ready once the table exists")
+	assert.Len(t, logs.FilterMessageSnippet("postgres (DATABASE_URL) answers again").All(), 1)
+	assert.Equal(t, connects, len(logs.FilterMessageSnippet("broker connected").All()), "no reconnect")
 }

@@ -86,6 +86,8 @@ type Relay struct {
 	wake chan struct{}
 	// connected is set while the relay holds a confirm channel.
 	connected atomic.Bool
+	// dbDown is why PostgreSQL failed the last round; nil once one passed.
+	dbDown atomic.Pointer[string]
 }
 
 // NewRelay validates opts and returns a Relay.
@@ -107,9 +109,39 @@ func (r *Relay) Wake() {
 // Ready is nil while the relay is connected to the broker and can publish.
 func (r *Relay) Ready() error {
 	if !r.connected.Load() {
-		return errors.New("not publishing: broker not connected")
+		return errors.New("not publishing: RabbitMQ (AMQP_URL) not connected")
+	}
+	if e := r.dbDown.Load(); e != nil {
+		return errors.New("not publishing: " + *e)
 	}
 	return nil
+}
+
+// dbError is a relay round's failure that is PostgreSQL's, not the
+// broker's: it must not cost the broker connection.
+type dbError struct {
+	what string
+	err  error
+}
+
+func (e *dbError) Error() string { return e.what + ": " + e.err.Error() }
+func (e *dbError) Unwrap() error { return e.err }
+
+func databaseError(what string, err error) error { return &dbError{what: what, err: err} }
+
+// databaseDown records that PostgreSQL failed a round: logged once per
+// outage (the rounds retried meanwhile are not), named in Ready.
+func (r *Relay) databaseDown(err *dbError) {
+	reason := "PostgreSQL (DATABASE_URL): " + err.Error()
+	if r.dbDown.Swap(&reason) == nil {
+		r.log.Warn("postgres (DATABASE_URL) failing: the outbox waits, the broker connection stays", zap.Error(err))
+	}
+}
+
+func (r *Relay) databaseUp() {
+	if r.dbDown.Swap(nil) != nil {
+		r.log.Info("postgres (DATABASE_URL) answers again: publishing the outbox")
+	}
 }
 
 // Run relays until ctx is done, reconnecting to the broker whenever the
@@ -143,14 +175,34 @@ func (r *Relay) serve(ctx context.Context, conn *amqp.Connection) error {
 	defer pub.Close()
 	r.connected.Store(true)
 	defer r.connected.Store(false)
+	dbWait := 100 * time.Millisecond
 	for {
 		n, err := r.round(ctx, pub)
-		if err != nil {
-			if ctx.Err() != nil {
+		var dbErr *dbError
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil
+		case errors.As(err, &dbErr):
+			// PostgreSQL's fault, not the broker's: the connection stays,
+			// and the round is tried again once the database answers.
+			r.databaseDown(dbErr)
+			t := time.NewTimer(backoff.Jitter(dbWait))
+			select {
+			case <-ctx.Done():
+				t.Stop()
 				return nil
+			case <-pub.Done():
+				t.Stop()
+				return errors.New("publish channel closed")
+			case <-t.C:
 			}
+			dbWait = min(2*dbWait, 5*time.Second)
+			continue
+		case err != nil:
 			return err
 		}
+		dbWait = 100 * time.Millisecond
+		r.databaseUp()
 		if n == r.opts.BatchSize {
 			continue // more is waiting
 		}
@@ -206,28 +258,31 @@ type row struct {
 func (r *Relay) round(ctx context.Context, pub *broker.ConfirmChannel) (int, error) {
 	tx, err := r.opts.Pool.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
+		return 0, databaseError("begin", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	rs, err := tx.Query(ctx, claim, customPlan, r.opts.BatchSize)
 	if err != nil {
-		return 0, fmt.Errorf("claim outbox rows: %w", err)
+		return 0, databaseError("claim outbox rows", err)
 	}
 	var rows []*row
 	for rs.Next() {
 		w := &row{}
 		if err := rs.Scan(&w.id, &w.key, &w.eventID, &w.effect, &w.objectID, &w.seq, &w.exchange, &w.routing, &w.headers, &w.body, &w.attempts); err != nil {
 			rs.Close()
-			return 0, fmt.Errorf("read outbox row: %w", err)
+			return 0, databaseError("read outbox row", err)
 		}
 		rows = append(rows, w)
 	}
 	rs.Close()
 	if err := rs.Err(); err != nil {
-		return 0, fmt.Errorf("claim outbox rows: %w", err)
+		return 0, databaseError("claim outbox rows", err)
 	}
 	if len(rows) == 0 {
-		return 0, tx.Commit(ctx)
+		if err := tx.Commit(ctx); err != nil {
+			return 0, databaseError("commit outbox round", err)
+		}
+		return 0, nil
 	}
 
 	var wg sync.WaitGroup
@@ -255,7 +310,7 @@ func (r *Relay) round(ctx context.Context, pub *broker.ConfirmChannel) (int, err
 	if len(ok) > 0 {
 		if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`,
 			customPlan, ok); err != nil {
-			return 0, fmt.Errorf("mark published: %w", err)
+			return 0, databaseError("mark published", err)
 		}
 	}
 	parked := 0
@@ -272,7 +327,7 @@ func (r *Relay) round(ctx context.Context, pub *broker.ConfirmChannel) (int, err
 		if _, err := tx.Exec(ctx, `UPDATE outbox SET attempts = $2, last_error = $3,
 			next_attempt_at = now() + $4 * interval '1 millisecond', parked_at = CASE WHEN $5 THEN now() END WHERE id = $1`,
 			w.id, attempts, truncate(w.err.Error(), 1024), wait.Milliseconds(), park); err != nil {
-			return 0, fmt.Errorf("record failed publish of %s: %w", w.key, err)
+			return 0, databaseError("record failed publish of "+w.key, err)
 		}
 		r.opts.Metrics.failures.WithLabelValues(failureReason(w.err)).Inc()
 		level := r.log.Warn
@@ -283,7 +338,7 @@ func (r *Relay) round(ctx context.Context, pub *broker.ConfirmChannel) (int, err
 			zap.Bool("parked", park), zap.Error(w.err))
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("commit outbox round: %w", err)
+		return 0, databaseError("commit outbox round", err)
 	}
 	r.opts.Metrics.published.Add(float64(len(ok)))
 	r.opts.Metrics.parked.Add(float64(parked))
