@@ -17,8 +17,12 @@ build: ## Build receiver, worker, migrate and eventsctl into bin/ (static, as in
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 .PHONY: services
-services: ## Start local RabbitMQ, Redis and PostgreSQL if they are not listening
+services: ## Make RabbitMQ, Redis and PostgreSQL listen on 127.0.0.1: use, start, install (Debian/Ubuntu as root) or compose.yaml, whichever fits (hack/services.sh)
 	hack/services.sh
+
+.PHONY: services-down
+services-down: ## Stop what `make services` started, nothing else (their data and logs stay in its state directory)
+	hack/services.sh down
 
 .PHONY: dev
 dev: services build ## Migrate, then run receiver + worker in the foreground against local services (Ctrl-C stops both; WORKER=./examples/orders runs your own worker)
@@ -39,6 +43,11 @@ tools: ## Build every pinned tool (Kubernetes, KEDA, Helm, CoreDNS, promtool, go
 .PHONY: browser
 browser: ## Install Debian's headless Chromium for the DLQ page's browser test (needs root + apt; in CI a failure is fatal)
 	@hack/install-browser.sh || { if [ -n "$${CI:-}" ]; then exit 1; fi; echo "browser: not installed; the browser test will try again and skip if it cannot"; }
+
+.PHONY: fresh-machine
+fresh-machine: ## compose.yaml checked offline, then `make dev` on a fresh Debian root without the services, until the README's first example works (root; hack/fresh-machine/test.sh)
+	cd hack/fresh-machine/compose && $(GO) test -count=1 ./...
+	hack/fresh-machine/test.sh
 
 .PHONY: lint
 lint: ## gofmt and golangci-lint (.golangci.yaml; pinned, built into bin/ on first use)
