@@ -25,6 +25,12 @@ declare -A count=(
   [FuzzStripeVerify]=60000x
   [FuzzStandardVerify]=60000x
   [FuzzGitHubVerify]=60000x
+  # PayPal (pkg/internal/event, pkg/internal/provider/paypal). The verifier
+  # is slower per input: some inputs reach the certificate download (a
+  # closed loopback port), so it gets fewer.
+  [FuzzDecodePayPal]=80000x
+  [FuzzPayPalVerify]=20000x
+  [FuzzParseChain]=50000x
 )
 default_count=50000x
 

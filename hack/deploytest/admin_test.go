@@ -335,7 +335,7 @@ func checkWebhookSources(t *testing.T, r *rendering) {
 		if !sourceNameRe.MatchString(s.name) || s.name == "payment" || s.name == "stripe" {
 			t.Errorf("source name %q passed the schema but pkg/config refuses it", s.name)
 		}
-		if !slices.Contains([]string{"stripe", "standard", "github"}, s.scheme) {
+		if !slices.Contains([]string{"stripe", "standard", "github", "paypal"}, s.scheme) {
 			t.Errorf("source %s: scheme %q passed the schema", s.name, s.scheme)
 		}
 		if vars[s.secretsVar()] {
@@ -352,12 +352,11 @@ func checkWebhookSources(t *testing.T, r *rendering) {
 		for _, x := range s.secrets {
 			notInPlainSight(t, r, "a signing secret of source "+s.name, v, x)
 		}
-		e, ok := env(rc, v)
-		if !ok || e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
-			t.Errorf("%s: %s must come from a secretKeyRef, got %+v", ro, v, e)
+		ref, ok := secretRefOf(&ro.obj.(*appsv1.Deployment).Spec.Template.Spec, rc, v)
+		if !ok {
+			t.Errorf("%s: %s must come from a secretKeyRef (or a file of one)", ro, v)
 			continue
 		}
-		ref := e.ValueFrom.SecretKeyRef
 		if s.existingSecret != "" {
 			key := s.existingSecretKey
 			if key == "" {
@@ -534,6 +533,50 @@ func TestWebhookSourceExistingSecretDefaultKey(t *testing.T) {
 	}
 	checkWebhookSources(t, r)
 	checkReferences(t, r)
+}
+
+// TestPayPalSourceSettings: a paypal source gives the receiver
+// PAYPAL_CERT_HOSTS (and PAYPAL_CA_FILE when set); without one the receiver
+// has neither.
+func TestPayPalSourceSettings(t *testing.T) {
+	r, err := renderChart(renderOpts{set: withSources(map[string]any{"name": "paypal", "scheme": "paypal", "secrets": []any{"8PT597110X687430LKGECATA"}})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro := r.mustFind(t, "Deployment", fullname+"-receiver")
+	rc := container(t, ro, &ro.obj.(*appsv1.Deployment).Spec.Template.Spec, "receiver")
+	if e, _ := env(rc, "PAYPAL_CERT_HOSTS"); e.Value != "api.paypal.com,api.sandbox.paypal.com" {
+		t.Errorf("PAYPAL_CERT_HOSTS = %q", e.Value)
+	}
+	if e, ok := env(rc, "PAYPAL_CA_FILE"); ok {
+		t.Errorf("PAYPAL_CA_FILE = %q though webhook.paypal.caFile is empty", e.Value)
+	}
+	checkWebhookSources(t, r)
+	checkReferences(t, r)
+
+	set := withSources(map[string]any{"name": "pp", "scheme": "paypal", "secrets": []any{"8PT597110X687430LKGECATA"}})
+	set["webhook"].(map[string]any)["paypal"] = map[string]any{"certHosts": []any{"paypal-certs.internal:8443"}, "caFile": "/etc/paypal/ca.pem"}
+	if r, err = renderChart(renderOpts{set: set}); err != nil {
+		t.Fatal(err)
+	}
+	ro = r.mustFind(t, "Deployment", fullname+"-receiver")
+	rc = container(t, ro, &ro.obj.(*appsv1.Deployment).Spec.Template.Spec, "receiver")
+	for k, v := range map[string]string{"PAYPAL_CERT_HOSTS": "paypal-certs.internal:8443", "PAYPAL_CA_FILE": "/etc/paypal/ca.pem"} {
+		if e, _ := env(rc, k); e.Value != v {
+			t.Errorf("%s = %q, want %q", k, e.Value, v)
+		}
+	}
+
+	if r, err = renderChart(renderOpts{set: withSources(map[string]any{"name": "gh", "scheme": "github", "secrets": []any{"s"}})}); err != nil {
+		t.Fatal(err)
+	}
+	ro = r.mustFind(t, "Deployment", fullname+"-receiver")
+	rc = container(t, ro, &ro.obj.(*appsv1.Deployment).Spec.Template.Spec, "receiver")
+	for _, e := range rc.Env {
+		if strings.HasPrefix(e.Name, "PAYPAL_") {
+			t.Errorf("%s set without a paypal source", e.Name)
+		}
+	}
 }
 
 // TestSchemaErrorsHideSecrets: a refused admin token or signing secret is not

@@ -567,8 +567,8 @@ func checkAppWorkloads(t *testing.T, r *rendering) {
 			}
 		}
 		if comp.name == "receiver" {
-			if v, ok := env(c, "WEBHOOK_SECRETS"); !ok || v.ValueFrom == nil || v.ValueFrom.SecretKeyRef == nil {
-				t.Errorf("%s: WEBHOOK_SECRETS must come from a Secret", o)
+			if _, ok := secretRefOf(spec, c, "WEBHOOK_SECRETS"); !ok {
+				t.Errorf("%s: WEBHOOK_SECRETS must come from a Secret (a secretKeyRef, or a file of it)", o)
 			}
 		}
 		if d.Spec.Template.Annotations["checksum/config"] == "" {

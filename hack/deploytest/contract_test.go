@@ -181,6 +181,7 @@ func runCheckConfig(t *testing.T, r *rendering, bin, values string) map[string]i
 				continue
 			}
 			ran[b]++
+			env = mountSecretFiles(t, r, tpl, c, env)
 			code, stderr := checkConfig(t, filepath.Join(bin, strings.Fields(b)[0]), argv, env)
 			if code != 0 {
 				t.Errorf("%s: %s %s exited %d with the arguments and environment the chart gives it (%s):\n%s",

@@ -50,6 +50,8 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		{"webhook source without secrets", withSources(map[string]any{"name": "shop", "scheme": "github"}), []string{"sources"}},
 		{"webhook source secret with a comma", withSources(map[string]any{"name": "shop", "scheme": "github", "secrets": []any{"a,b"}}), []string{"secrets"}},
 		{"standard source secret not base64", withSources(map[string]any{"name": "shop", "scheme": "standard", "secrets": []any{"whsec_not base64!"}}), []string{"secrets"}},
+		{"paypal source secret not a webhook id", withSources(map[string]any{"name": "pp", "scheme": "paypal", "secrets": []any{"WH-not-an-id"}}), []string{"secrets"}},
+		{"paypal cert host with a scheme", map[string]any{"webhook": map[string]any{"paypal": map[string]any{"certHosts": []any{"https://api.paypal.com"}}}}, []string{"certHosts"}},
 		{"adminFrom not a list", map[string]any{"networkPolicy": map[string]any{"adminFrom": "ops"}}, []string{"adminFrom"}},
 		{"Stripe key as a value", withReconcile(map[string]any{"stripe": map[string]any{"existingSecret": "s", "apiKey": "rk_live_x"}}), []string{"apiKey"}},
 		{"more than 20 reconcile types", withReconcile(map[string]any{"types": manyTypes(21)}), []string{"types"}},

@@ -133,7 +133,8 @@ key: WEBHOOK_SECRETS
 
 {{/*
 Name of a webhook source's secrets variable: WEBHOOK_SECRETS_<NAME>, the name
-in upper case with "-" as "_" (as pkg/config reads it). Call with the source.
+in upper case with "-" as "_" (config.SecretsVar in pkg/internal/config, the
+one place the Go side writes it). Call with the source.
 */}}
 {{- define "idempotent-events.sourceSecretsVar" -}}
 {{- printf "WEBHOOK_SECRETS_%s" (.name | upper | replace "-" "_") -}}
@@ -162,6 +163,43 @@ key: {{ default $var (get $.source "existingSecretKey") }}
 name: {{ include "idempotent-events.fullname" .ctx }}
 key: {{ $var }}
 {{- end -}}
+{{- end -}}
+
+{{/* True ("true") when some webhook source is a PayPal one. */}}
+{{- define "idempotent-events.hasPayPalSource" -}}
+{{- range .Values.webhook.sources -}}
+{{- if eq .scheme "paypal" -}}
+true
+{{- break -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The receiver's volume of webhook signing secrets (webhook.secretsAsFiles): one
+projected volume of every Secret key the variables would read, each a file
+named after its variable (WEBHOOK_SECRETS, WEBHOOK_SECRETS_<NAME>).
+*/}}
+{{- define "idempotent-events.webhookSecretsVolume" -}}
+{{- $default := include "idempotent-events.webhookSecretRef" . | fromYaml -}}
+- name: webhook-secrets
+  projected:
+    # Group-readable through the pod's fsGroup, not world-readable.
+    defaultMode: 0440
+    sources:
+      - secret:
+          name: {{ $default.name | quote }}
+          items:
+            - key: {{ $default.key | quote }}
+              path: WEBHOOK_SECRETS
+      {{- range .Values.webhook.sources }}
+      {{- $ref := include "idempotent-events.sourceSecretRef" (dict "ctx" $ "source" .) | fromYaml }}
+      - secret:
+          name: {{ $ref.name | quote }}
+          items:
+            - key: {{ $ref.key | quote }}
+              path: {{ include "idempotent-events.sourceSecretsVar" . }}
+      {{- end }}
 {{- end -}}
 
 {{/* True ("true") when some webhook source keeps its secrets in the chart's own Secret. */}}
@@ -263,6 +301,7 @@ true
   valueFrom:
     secretKeyRef:
       {{- include "idempotent-events.databaseSecretRef" . | nindent 6 }}
+{{- include "idempotent-events.tlsEnv" (dict "ctx" . "services" (list "rabbitmq" "redis" "postgresql")) }}
 {{- end -}}
 
 {{/*
@@ -320,10 +359,15 @@ key: DATABASE_URL
       valueFrom:
         secretKeyRef:
           {{- include "idempotent-events.databaseSecretRef" . | nindent 10 }}
+    {{- include "idempotent-events.tlsEnv" (dict "ctx" . "services" (list "postgresql")) | nindent 4 }}
   resources:
     {{- toYaml .Values.migration.resources | nindent 4 }}
   securityContext:
     {{- toYaml .Values.securityContext | nindent 4 }}
+  {{- with include "idempotent-events.tlsVolumeMounts" (dict "ctx" . "services" (list "postgresql")) }}
+  volumeMounts:
+    {{- . | nindent 4 }}
+  {{- end }}
 {{- end -}}
 
 {{/*
@@ -333,7 +377,12 @@ rendered files, so a generated secret does not roll pods on every upgrade).
 */}}
 {{- define "idempotent-events.configChecksums" -}}
 checksum/config: {{ list .Values.config .Values.receiver.config .Values.worker.config | toJson | sha256sum }}
-checksum/secret: {{ list .Values.webhook .Values.externalRabbitmq .Values.externalRedis .Values.externalDatabase .Values.admin | toJson | sha256sum }}
+{{- /* Secrets mounted as files are re-read by the receiver: a change of them rolls no pod. */}}
+{{- $webhook := .Values.webhook }}
+{{- if .Values.webhook.secretsAsFiles }}
+{{- $webhook = omit .Values.webhook "secrets" "sources" }}
+{{- end }}
+checksum/secret: {{ list $webhook .Values.externalRabbitmq .Values.externalRedis .Values.externalDatabase .Values.admin | toJson | sha256sum }}
 {{- end -}}
 
 {{/*
@@ -403,4 +452,67 @@ externalRules:
       matches: '^{{ $a.hpa.prometheusAdapter.seriesName }}$'
       as: {{ $a.hpa.metricName | quote }}
     metricsQuery: '{{ $a.hpa.prometheusAdapter.aggregation }}(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)'
+{{- end -}}
+
+{{/*
+TLS to the services (values tls.*): each service's Secret, laid out as
+cert-manager writes one (ca.crt, tls.crt, tls.key), mounted read-only as a
+whole directory at <tls.mountPath>/<service> (never with subPath: the
+kubelet updates only whole-volume mounts, and the binaries re-read the files
+when they change), and the variables that point at its files. Call each
+with (dict "ctx" $ "services" (list "rabbitmq" "redis" "postgresql")), the
+services the pod's containers connect to.
+*/}}
+{{- define "idempotent-events.tlsPrefix" -}}
+{{- get (dict "rabbitmq" "AMQP" "redis" "REDIS" "postgresql" "DATABASE") . -}}
+{{- end -}}
+
+{{- define "idempotent-events.tlsEnv" -}}
+{{- $ctx := .ctx -}}
+{{- range .services }}
+{{- $t := index $ctx.Values.tls . }}
+{{- $prefix := include "idempotent-events.tlsPrefix" . }}
+{{- $dir := printf "%s/%s" $ctx.Values.tls.mountPath . }}
+{{- if $t.existingSecret }}
+{{- if $t.ca }}
+- name: {{ $prefix }}_TLS_CA_FILE
+  value: {{ printf "%s/ca.crt" $dir | quote }}
+{{- end }}
+{{- if $t.clientCertificate }}
+- name: {{ $prefix }}_TLS_CERT_FILE
+  value: {{ printf "%s/tls.crt" $dir | quote }}
+- name: {{ $prefix }}_TLS_KEY_FILE
+  value: {{ printf "%s/tls.key" $dir | quote }}
+{{- end }}
+{{- end }}
+{{- if $t.required }}
+- name: {{ $prefix }}_TLS_REQUIRED
+  value: "true"
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "idempotent-events.tlsVolumeMounts" -}}
+{{- $ctx := .ctx -}}
+{{- range .services }}
+{{- if (index $ctx.Values.tls .).existingSecret }}
+- name: tls-{{ . }}
+  mountPath: {{ printf "%s/%s" $ctx.Values.tls.mountPath . | quote }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "idempotent-events.tlsVolumes" -}}
+{{- $ctx := .ctx -}}
+{{- range .services }}
+{{- $t := index $ctx.Values.tls . }}
+{{- if $t.existingSecret }}
+- name: tls-{{ . }}
+  secret:
+    secretName: {{ $t.existingSecret | quote }}
+    # Group-readable through the pod's fsGroup; the key is not world-readable.
+    defaultMode: 0440
+{{- end }}
+{{- end }}
 {{- end -}}

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dlq"
@@ -21,6 +22,11 @@ type Options struct {
 	// DLQ does the work; its Audit is read for the trail shown on the page.
 	DLQ   *dlq.Client
 	Audit *dlq.Audit
+	// DB is the ledger's database, for the event and object lookups
+	// (/api/events/{id}, /ui/events); RetryQueues are the retry tiers they
+	// scan besides events.dlq. Without DB the lookups answer 404.
+	DB          *pgxpool.Pool
+	RetryQueues []string
 	// SessionTTL is the lifetime of a page login (8h when zero).
 	SessionTTL time.Duration
 	// PageSize is how many DLQ messages the page lists (100 when zero).
@@ -94,6 +100,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /api/dlq/{id}/replay", s.api(s.apiMutateOne(dlq.ActionReplay)))
 	mux.HandleFunc("POST /api/dlq/{id}/discard", s.api(s.apiMutateOne(dlq.ActionDiscard)))
 	mux.HandleFunc("GET /api/audit", s.api(s.apiAudit))
+	mux.HandleFunc("GET /api/events/{id}", s.api(s.apiEvent))
+	mux.HandleFunc("GET /api/objects/{id}", s.api(s.apiObject))
+	mux.HandleFunc("GET /ui/events", s.ui(s.uiEvent))
 
 	mux.HandleFunc("GET /ui/login", s.uiLoginForm)
 	mux.HandleFunc("POST /ui/login", s.uiLogin)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dlq"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/lookup"
 )
 
 //go:embed templates
@@ -41,7 +42,16 @@ var funcs = template.FuncMap{
 		}
 		return d.Round(24*time.Hour).String() + " (" + t.UTC().Format("2006-01-02") + ")"
 	},
-	"stamp": func(t time.Time) string {
+	"stamp": func(v any) string {
+		var t time.Time
+		switch v := v.(type) {
+		case time.Time:
+			t = v
+		case *time.Time:
+			if v != nil {
+				t = *v
+			}
+		}
 		if t.IsZero() {
 			return ""
 		}
@@ -52,7 +62,7 @@ var funcs = template.FuncMap{
 var pages = map[string]*template.Template{}
 
 func init() {
-	for _, name := range []string{"login", "list", "message"} {
+	for _, name := range []string{"login", "list", "message", "event"} {
 		pages[name] = template.Must(template.New(name).Funcs(funcs).ParseFS(files, "templates/base.html", "templates/"+name+".html"))
 	}
 }
@@ -75,6 +85,10 @@ type page struct {
 	// message and confirmation
 	Message dlq.Message
 	Action  string
+	// event lookup
+	LookupID string
+	Event    *lookup.Event
+	Object   *lookup.Object
 }
 
 func (s *Server) render(w http.ResponseWriter, code int, name string, p page) {

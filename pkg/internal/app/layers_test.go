@@ -18,15 +18,25 @@ var layers = map[string]int{
 	// Vocabulary and plumbing that import nothing of ours.
 	"pkg/internal/backoff": 0, "pkg/internal/event": 0, "pkg/internal/webhook": 0, "pkg/internal/logging": 0,
 	"pkg/internal/httpserver": 0, "pkg/internal/config": 0, "pkg/internal/options": 0, "migrations": 0,
+	// TLS to the services from mounted files, reloaded when they change.
+	"pkg/internal/tlsconfig": 0,
 	// The public effects API, and the built-in payment effect written on it.
 	"pkg/effects": 0, "pkg/payments": 1,
+	// Webhook providers, one package each, and their registry (the
+	// receiver's; the worker decodes with event, below them).
+	"pkg/internal/provider/stripe": 1, "pkg/internal/provider/standard": 1, "pkg/internal/provider/github": 1,
+	"pkg/internal/provider/paypal": 1, "pkg/internal/provider": 2,
 	// Clients of one service each, and the metrics registry.
 	"pkg/internal/telemetry": 1, "pkg/internal/store": 1, "pkg/internal/dedupe": 1, "pkg/internal/migrate": 1,
 	"pkg/internal/broker": 2, "pkg/internal/queuestats": 2,
+	// Webhook secrets read from mounted files, reloaded as they change.
+	"pkg/internal/webhooksecrets": 1,
 	// The pipeline and the DLQ engine.
 	"pkg/internal/receiver": 3, "pkg/internal/worker": 3, "pkg/internal/dlq": 3, "pkg/internal/outbox": 3,
 	// The reconciler: the provider's record of events against the ledger.
 	"pkg/internal/reconcile": 3,
+	// Where an event is and what happened to it (eventsctl events, the admin page).
+	"pkg/internal/lookup": 2,
 	// Backfills of handlers added later, and the event archive they need.
 	"pkg/internal/backfill": 2,
 	// Pruning the ledger and the audit trails by age.
@@ -49,6 +59,10 @@ var testOnly = map[string]bool{
 	"pkg/internal/event/eventtest": true, "pkg/internal/harness": true, "pkg/internal/e2etest": true,
 	"pkg/internal/cmd/chaos": true, "pkg/internal/cmd/bench": true, "pkg/internal/cmd/k8sload": true,
 	"pkg/internal/cmd/benchorders": true,
+	// The flood of invalid webhooks beside valid ones (docs/security.md).
+	"pkg/internal/cmd/flood": true,
+	// The live alert and dashboard suite: a real Prometheus and Alertmanager over the running binaries.
+	"pkg/internal/cmd/alerts": true,
 	// A private RabbitMQ cluster whose nodes the chaos suite kills.
 	"pkg/internal/rabbitcluster": true,
 	// Private PostgreSQL clusters that fail over, for the tests and the chaos suite.
@@ -57,6 +71,10 @@ var testOnly = map[string]bool{
 	"pkg/internal/redissentinel": true,
 	// The pause container of the one-node cluster make k8s-e2e builds.
 	"hack/k8s/cmd/pause": true,
+	// Test CAs, certificates, Secret volumes and private TLS servers.
+	"pkg/internal/tlsconfig/tlstest": true,
+	// The providers' conformance suite, and PayPal's certificate host.
+	"pkg/internal/provider/providertest": true, "pkg/internal/provider/paypal/paypaltest": true,
 	// The public test kit of the effects API.
 	"pkg/effects/effectstest": true,
 }

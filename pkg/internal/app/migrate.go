@@ -12,6 +12,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/migrate"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/tlsconfig"
 )
 
 const migrateUsage = `migrate: creates the database if needed and applies the embedded schema
@@ -32,22 +33,27 @@ func Migrate(args []string, stdout, stderr io.Writer) int {
 	return binary{
 		name: "migrate", usage: migrateUsage, commands: []string{"up", "wait"}, cfg: &cfg,
 		run: func(ctx context.Context, command string, log *zap.Logger, _ *prometheus.Registry) error {
+			tc, err := newTLS(tlsconfig.Postgres, cfg.DatabaseTLSSettings())
+			if err != nil {
+				return err
+			}
+			target := migrate.Target{URL: cfg.DatabaseURL, TLS: tc}
 			switch command {
 			case "up":
-				res, err := migrate.Up(ctx, cfg.DatabaseURL, cfg.LockTimeout)
+				res, err := target.Up(ctx, cfg.LockTimeout)
 				if err != nil {
 					return err
 				}
 				log.Info("schema up to date", zap.Bool("created_database", res.CreatedDatabase),
 					zap.Int64s("applied", res.Applied), zap.Int64("schema_version", res.Version))
 				if cfg.Release != "" {
-					return announce(ctx, cfg, log)
+					return announce(ctx, cfg, tc, log)
 				}
 				return nil
 			case "wait":
 				ctx, cancel := context.WithTimeout(ctx, cfg.WaitTimeout)
 				defer cancel()
-				err := migrate.Wait(ctx, cfg.DatabaseURL, 2*time.Second, func(err error) {
+				err := target.Wait(ctx, 2*time.Second, func(err error) {
 					log.Info("waiting for the schema", zap.Error(err))
 				})
 				if err == nil {
@@ -62,8 +68,8 @@ func Migrate(args []string, stdout, stderr io.Writer) int {
 
 // announce makes cfg.Release the newest generation of the workers
 // (store.Announce).
-func announce(ctx context.Context, cfg config.Migrate, log *zap.Logger) error {
-	st, err := store.Open(ctx, cfg.DatabaseURL, 1)
+func announce(ctx context.Context, cfg config.Migrate, tc *tlsconfig.Client, log *zap.Logger) error {
+	st, err := store.OpenTLS(ctx, cfg.DatabaseURL, 1, tc)
 	if err != nil {
 		return err
 	}

@@ -13,12 +13,10 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dedupe"
-	"github.com/idempotent-events/idempotent-events/pkg/internal/event"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/httpserver"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/receiver"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
-	"github.com/idempotent-events/idempotent-events/pkg/internal/webhook"
 )
 
 const receiverUsage = `receiver: takes payment-provider webhooks and publishes them to RabbitMQ,
@@ -61,38 +59,11 @@ func RunReceiver(ctx context.Context, cfg config.Receiver, log *zap.Logger, reg 
 	return runReceiver(ctx, cfg, sources, log, reg)
 }
 
-// sourcesOf returns the routes cfg configures: the default Stripe source on
-// receiver.PaymentRoute, then every WEBHOOK_SOURCES entry on
-// /webhooks/{name}, each with the verifier of its scheme. A scheme the
-// webhook package does not know, or secrets its verifier refuses, are a
-// *config.Error.
+// sourcesOf returns the routes cfg configures, each with the registry's
+// provider of its scheme (receiver.SourcesOf); what a provider refuses is a
+// *config.Error naming the variable.
 func sourcesOf(cfg config.Receiver) ([]receiver.Source, error) {
-	sources := []receiver.Source{{Name: event.DefaultSource, Route: receiver.PaymentRoute, Scheme: webhook.SchemeStripe}}
-	if !cfg.InsecureSkipVerify {
-		sources[0].Verifier = webhook.NewStripeVerifier(cfg.WebhookSecrets, cfg.WebhookTolerance)
-	}
-	var problems []config.Problem
-	for _, sc := range cfg.Sources {
-		src := receiver.Source{Name: sc.Name, Route: "/webhooks/" + sc.Name, Scheme: sc.Scheme}
-		v, err := webhook.NewVerifier(sc.Scheme, sc.Secrets, cfg.WebhookTolerance)
-		var serr *webhook.SecretError
-		switch {
-		case errors.As(err, &serr):
-			problems = append(problems, config.Problem{Var: sc.SecretsVar, Msg: err.Error()})
-			continue
-		case err != nil:
-			problems = append(problems, config.Problem{Var: "WEBHOOK_SOURCES", Msg: "source " + sc.Name + ": " + err.Error()})
-			continue
-		}
-		if !cfg.InsecureSkipVerify {
-			src.Verifier = v
-		}
-		sources = append(sources, src)
-	}
-	if len(problems) > 0 {
-		return nil, &config.Error{Problems: problems}
-	}
-	return sources, nil
+	return receiver.SourcesOf(cfg)
 }
 
 // topology is the RabbitMQ topology the settings describe.
@@ -111,6 +82,10 @@ func runReceiver(ctx context.Context, cfg config.Receiver, sources []receiver.So
 	if cfg.InsecureSkipVerify {
 		log.Warn("INSECURE_SKIP_SIGNATURE_VERIFICATION is set: webhooks are accepted without a signature and can be forged")
 	}
+	secretFiles, err := watchSecretFiles(cfg, sources, log.Named("secrets"), reg)
+	if err != nil {
+		return err
+	}
 
 	opts := receiver.Options{
 		Sources:               sources,
@@ -123,9 +98,13 @@ func runReceiver(ctx context.Context, cfg config.Receiver, sources []receiver.So
 		Logger:                log.Named("http"),
 		Metrics:               m,
 	}
+	tlsc, err := loadTLS(cfg.Connections, cfg.DuplicateCheck != config.DuplicateCheckOff, cfg.DuplicateCheck == config.DuplicateCheckPostgres)
+	if err != nil {
+		return err
+	}
 	var lookups *dedupe.Coalescer
 	if cfg.DuplicateCheck != config.DuplicateCheckOff {
-		cache, err := dedupe.Open(cfg.RedisURL, cfg.RedisKeyPrefix, cfg.DedupeTTL)
+		cache, err := dedupe.OpenTLS(cfg.RedisURL, cfg.RedisKeyPrefix, cfg.DedupeTTL, tlsc.redis)
 		if err != nil {
 			return err
 		}
@@ -135,7 +114,7 @@ func runReceiver(ctx context.Context, cfg config.Receiver, sources []receiver.So
 		}
 		chk := dedupe.Checker{Cache: lookups}
 		if cfg.DuplicateCheck == config.DuplicateCheckPostgres {
-			st, err := store.Open(ctx, cfg.DatabaseURL, ledgerConns)
+			st, err := store.OpenTLS(ctx, cfg.DatabaseURL, ledgerConns, tlsc.db)
 			if err != nil {
 				return err
 			}
@@ -150,7 +129,7 @@ func runReceiver(ctx context.Context, cfg config.Receiver, sources []receiver.So
 	}
 
 	web, err := httpserver.New(httpserver.Options{
-		Addr: cfg.HTTPAddr, Handler: h, ShutdownTimeout: cfg.ShutdownTimeout, ErrorLog: zap.NewStdLog(log.Named("http")),
+		Addr: cfg.HTTPAddr, Handler: httpserver.Guard(h, guardOptions(cfg, reg)), ShutdownTimeout: cfg.ShutdownTimeout, ErrorLog: zap.NewStdLog(log.Named("http")),
 	})
 	if err != nil {
 		return err
@@ -170,7 +149,7 @@ func runReceiver(ctx context.Context, cfg config.Receiver, sources []receiver.So
 	defer stopBack()
 	var back, front sync.WaitGroup
 	back.Go(func() {
-		dialer := broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events receiver", MaxBackoff: cfg.AMQPReconnectMaxBackoff}
+		dialer := broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events receiver", MaxBackoff: cfg.AMQPReconnectMaxBackoff, TLS: tlsc.amqp}
 		_ = broker.Supervise(backCtx, dialer, log.Named("broker"), m.Broker.State, func(ctx context.Context, conn *amqp.Connection) error {
 			if err := topo.DeclareOn(conn); err != nil {
 				return err
@@ -180,6 +159,9 @@ func runReceiver(ctx context.Context, cfg config.Receiver, sources []receiver.So
 	})
 	if lookups != nil {
 		back.Go(func() { _ = lookups.Run(backCtx) })
+	}
+	if secretFiles != nil {
+		front.Go(func() { secretFiles.Run(ctx) })
 	}
 	var metricsErr error
 	front.Go(func() { metricsErr = metrics.Run(ctx) })

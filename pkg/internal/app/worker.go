@@ -24,6 +24,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/retention"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/store"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/tlsconfig"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
 )
 
@@ -58,10 +59,14 @@ func Worker(fx *effects.Registry, args []string, stdout, stderr io.Writer) int {
 // server, until ctx is done and in-flight work is drained. Tests run it
 // in-process.
 func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log *zap.Logger, reg *prometheus.Registry) error {
-	if cfg.RelayOnly() {
-		return runRelay(ctx, cfg, log, reg)
+	tlsc, err := loadTLS(cfg.Connections, !cfg.RelayOnly(), true)
+	if err != nil {
+		return err
 	}
-	st, err := store.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
+	if cfg.RelayOnly() {
+		return runRelay(ctx, cfg, tlsc, log, reg)
+	}
+	st, err := store.OpenTLS(ctx, cfg.DatabaseURL, cfg.DBMaxConns, tlsc.db)
 	if err != nil {
 		return err
 	}
@@ -69,24 +74,24 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 	wm := worker.NewMetrics(reg)
 	dur := newDurability(cfg, st, log.Named("durability"), wm)
 	if err := dur.start(ctx); err != nil {
-		return err
+		return tlsconfig.Postgres.Explain(err)
 	}
 	ctx, refuse := context.WithCancelCause(ctx)
 	defer refuse(nil)
-	cache, err := dedupe.Open(cfg.RedisURL, cfg.RedisKeyPrefix, cfg.DedupeTTL)
+	cache, err := dedupe.OpenTLS(cfg.RedisURL, cfg.RedisKeyPrefix, cfg.DedupeTTL, tlsc.redis)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = cache.Close() }()
 
-	relay, err := newRelay(cfg, st.Pool(), log.Named("outbox"), reg)
+	relay, err := newRelay(cfg, tlsc, st.Pool(), log.Named("outbox"), reg)
 	if err != nil {
 		return err
 	}
 	notifier := outbox.NewNotifier(st.Pool(), relay, log.Named("outbox"))
 
 	w, err := worker.New(worker.Options{
-		Dialer:          broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events worker", MaxBackoff: cfg.AMQPReconnectMaxBackoff},
+		Dialer:          broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events worker", MaxBackoff: cfg.AMQPReconnectMaxBackoff, TLS: tlsc.amqp},
 		Topology:        topology(cfg.Topology),
 		Prefetch:        cfg.Prefetch,
 		ReplayPrefetch:  cfg.ReplayPrefetch,
@@ -117,14 +122,14 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 		return err
 	}
 	defer metrics.Close()
-	adm, err := newAdmin(cfg, st.Pool(), log.Named("admin"), reg)
+	adm, err := newAdmin(cfg, tlsc, st.Pool(), log.Named("admin"), reg)
 	if err != nil {
 		return err
 	}
 	if adm != nil {
 		defer adm.Close()
 	}
-	stats, err := newQueueStats(cfg, log.Named("queuestats"), reg)
+	stats, err := newQueueStats(cfg, tlsc, log.Named("queuestats"), reg)
 	if err != nil {
 		return err
 	}
@@ -179,13 +184,13 @@ func RunWorker(ctx context.Context, cfg config.Worker, fx *effects.Registry, log
 // nor the admin server, and leaves the queue and ledger gauges to the
 // workers: the relay Deployment of the chart runs it, beside workers with
 // OUTBOX_RELAY=off that wake it by NOTIFY when they commit an enqueue.
-func runRelay(ctx context.Context, cfg config.Worker, log *zap.Logger, reg *prometheus.Registry) error {
-	st, err := store.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
+func runRelay(ctx context.Context, cfg config.Worker, tlsc serviceTLS, log *zap.Logger, reg *prometheus.Registry) error {
+	st, err := store.OpenTLS(ctx, cfg.DatabaseURL, cfg.DBMaxConns, tlsc.db)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	relay, err := newRelay(cfg, st.Pool(), log.Named("outbox"), reg)
+	relay, err := newRelay(cfg, tlsc, st.Pool(), log.Named("outbox"), reg)
 	if err != nil {
 		return err
 	}
@@ -206,13 +211,13 @@ func runRelay(ctx context.Context, cfg config.Worker, log *zap.Logger, reg *prom
 }
 
 // newRelay builds the outbox relay, or nil with OUTBOX_RELAY=off.
-func newRelay(cfg config.Worker, pool *pgxpool.Pool, log *zap.Logger, reg prometheus.Registerer) (*outbox.Relay, error) {
+func newRelay(cfg config.Worker, tlsc serviceTLS, pool *pgxpool.Pool, log *zap.Logger, reg prometheus.Registerer) (*outbox.Relay, error) {
 	if !cfg.RelayEnabled() {
 		return nil, nil
 	}
 	return outbox.NewRelay(outbox.Options{
-		Pool: pool, DatabaseURL: cfg.DatabaseURL,
-		Dialer:    broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events outbox relay", MaxBackoff: cfg.AMQPReconnectMaxBackoff},
+		Pool: pool, DatabaseURL: cfg.DatabaseURL, DatabaseTLS: tlsc.db,
+		Dialer:    broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events outbox relay", MaxBackoff: cfg.AMQPReconnectMaxBackoff, TLS: tlsc.amqp},
 		BatchSize: cfg.OutboxBatchSize, PollInterval: cfg.OutboxPoll, PublishTimeout: cfg.PublishTimeout,
 		MaxAttempts: cfg.OutboxMaxAttempts, MaxBackoff: cfg.OutboxMaxBackoff, Retention: cfg.OutboxRetention,
 		Logger: log, Metrics: outbox.NewMetrics(reg),
@@ -222,13 +227,13 @@ func newRelay(cfg config.Worker, pool *pgxpool.Pool, log *zap.Logger, reg promet
 // newAdmin builds the admin server the worker runs on ADMIN_ADDR: the DLQ
 // tools on AMQP_URL and the audit trail on pool. It returns nil when
 // ADMIN_TOKEN is empty: the admin server is off.
-func newAdmin(cfg config.Worker, pool *pgxpool.Pool, log *zap.Logger, reg prometheus.Registerer) (*httpserver.Server, error) {
+func newAdmin(cfg config.Worker, tlsc serviceTLS, pool *pgxpool.Pool, log *zap.Logger, reg prometheus.Registerer) (*httpserver.Server, error) {
 	if !cfg.AdminEnabled() {
 		return nil, nil
 	}
 	audit := dlq.NewAudit(pool)
 	ops := dlq.New(dlq.Options{
-		Dialer:         broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events admin"},
+		Dialer:         broker.Dialer{URL: cfg.AMQPURL, Name: "idempotent-events admin", TLS: tlsc.amqp},
 		Audit:          audit,
 		ScanLimit:      cfg.AdminScanLimit,
 		Rate:           cfg.AdminReplayRate,
@@ -238,6 +243,7 @@ func newAdmin(cfg config.Worker, pool *pgxpool.Pool, log *zap.Logger, reg promet
 	})
 	s, err := admin.New(admin.Options{
 		Token: cfg.AdminToken, Operator: cfg.AdminOperator, DLQ: ops, Audit: audit,
+		DB: pool, RetryQueues: topology(cfg.Topology).RetryQueues(),
 		SessionTTL: cfg.AdminSessionTTL, Logger: log, Metrics: admin.NewMetrics(reg),
 	})
 	if err != nil {
@@ -248,12 +254,12 @@ func newAdmin(cfg config.Worker, pool *pgxpool.Pool, log *zap.Logger, reg promet
 
 // newQueueStats builds the collector of queue depths and ages, or nil when
 // RABBITMQ_MANAGEMENT_URL is off.
-func newQueueStats(cfg config.Worker, log *zap.Logger, reg prometheus.Registerer) (*queuestats.Collector, error) {
+func newQueueStats(cfg config.Worker, tlsc serviceTLS, log *zap.Logger, reg prometheus.Registerer) (*queuestats.Collector, error) {
 	mgmt, err := queuestats.ManagementURL(cfg.RabbitMQManagementURL, cfg.AMQPURL)
 	if err != nil || mgmt == "" {
 		return nil, err
 	}
-	client, err := queuestats.ForAMQP(mgmt, cfg.AMQPURL)
+	client, err := queuestats.ForAMQPTLS(mgmt, cfg.AMQPURL, tlsc.amqp)
 	if err != nil {
 		return nil, err
 	}

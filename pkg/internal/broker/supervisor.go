@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/backoff"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/tlsconfig"
 )
 
 // Dialer says how to reach the broker.
@@ -28,6 +29,10 @@ type Dialer struct {
 	DialTimeout time.Duration
 	// Heartbeat detects dead peers; 10s when zero.
 	Heartbeat time.Duration
+	// TLS is the TLS of amqps:// connections (AMQP_TLS_*): made anew for
+	// every dial, so a rotated certificate reaches the next connection.
+	// nil: amqp091's defaults (the system's roots).
+	TLS *tlsconfig.Client
 }
 
 // Nodes splits an AMQP_URL that lists the nodes of a cluster, separated
@@ -83,14 +88,23 @@ func (d Dialer) dial(url string) (*amqp.Connection, error) {
 	props := amqp.NewConnectionProperties()
 	host, _ := os.Hostname()
 	props.SetClientConnectionName(d.Name + " " + host)
-	// Recovery stays nil: reconnecting is Supervise's job, so that delivery
-	// tags and unconfirmed publishes never outlive their connection.
-	return amqp.DialConfig(url, amqp.Config{
+	cfg := amqp.Config{
 		Heartbeat:  heartbeat,
 		Locale:     "en_US",
 		Properties: props,
 		Dial:       amqp.DefaultDial(timeout),
-	})
+	}
+	if d.TLS != nil {
+		// amqp091 sets the ServerName of the configuration it is given:
+		// each node's dial gets its own, for its own host.
+		if uri, err := amqp.ParseURI(url); err == nil && uri.Scheme == "amqps" {
+			cfg.TLSClientConfig = d.TLS.AMQPConfig(uri.Host)
+		}
+	}
+	// Recovery stays nil: reconnecting is Supervise's job, so that delivery
+	// tags and unconfirmed publishes never outlive their connection.
+	conn, err := amqp.DialConfig(url, cfg)
+	return conn, tlsconfig.RabbitMQ.Explain(err)
 }
 
 // stableConnection is how long a connection must have lived for its loss

@@ -32,6 +32,11 @@ type Connections struct {
 	// AMQPReconnectMaxBackoff caps the jittered exponential wait between
 	// reconnect attempts to RabbitMQ.
 	AMQPReconnectMaxBackoff time.Duration `envconfig:"AMQP_RECONNECT_MAX_BACKOFF" default:"10s"`
+
+	// TLS of each service's connections (tls.go).
+	AMQPTLS
+	RedisTLS
+	DatabaseTLS
 }
 
 // Logging selects the zap logger's level and encoding.
@@ -78,12 +83,26 @@ type Receiver struct {
 	// InsecureSkipVerify is set.
 	WebhookSecrets List `envconfig:"WEBHOOK_SECRETS" sensitive:"true"`
 	// WebhookSources adds a route /webhooks/{name} per "name:scheme" item
-	// (scheme stripe, standard or github); each reads its own secrets from
-	// WEBHOOK_SECRETS_<NAME> (upper case, - as _).
+	// (scheme: a provider of pkg/internal/provider, such as stripe,
+	// standard, github or paypal); each reads its own secrets from
+	// SecretsVar(name).
 	WebhookSources     List          `envconfig:"WEBHOOK_SOURCES"`
 	WebhookTolerance   time.Duration `envconfig:"WEBHOOK_TOLERANCE" default:"5m"`
 	WebhookMaxBody     int64         `envconfig:"WEBHOOK_MAX_BODY_BYTES" default:"1048576"`
 	InsecureSkipVerify bool          `envconfig:"INSECURE_SKIP_SIGNATURE_VERIFICATION" default:"false"`
+	// PayPalCertHosts are the hosts PAYPAL-CERT-URL may name ("host" or
+	// "host:port"): PayPal's signing certificates are fetched from them
+	// only, over HTTPS.
+	PayPalCertHosts List `envconfig:"PAYPAL_CERT_HOSTS" default:"api.paypal.com,api.sandbox.paypal.com"`
+	// PayPalCAFile is a PEM bundle that replaces the system roots for
+	// PayPal's certificate hosts and the certificates they serve; empty
+	// means the system roots.
+	PayPalCAFile string `envconfig:"PAYPAL_CA_FILE"`
+
+	// Webhook secrets read from files, and the limits on senders without
+	// them (secretfiles.go, receiverlimits.go).
+	WebhookSecretFiles
+	ReceiverLimits
 
 	PublishTimeout  time.Duration `envconfig:"PUBLISH_TIMEOUT" default:"5s"`
 	PublishChannels int           `envconfig:"PUBLISH_CHANNELS" default:"1"`
@@ -112,6 +131,10 @@ type Source struct {
 	Secrets []string
 	// SecretsVar is the variable the secrets were read from.
 	SecretsVar string
+	// SecretsFile, when set, is the file the secrets were read from
+	// (SecretsFileVar(SecretsVar)); the receiver reads it again as it
+	// changes.
+	SecretsFile string
 }
 
 // Queue types of QUEUE_TYPE: the RabbitMQ queue types of the same names.
@@ -216,7 +239,8 @@ func (o *Outbox) validate(p *problems) {
 // Migrate is the configuration of the migrate binary.
 type Migrate struct {
 	Logging
-	DatabaseURL string        `envconfig:"DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/idempotent_events?sslmode=disable" sensitive:"true"`
+	DatabaseURL string `envconfig:"DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/idempotent_events?sslmode=disable" sensitive:"true"`
+	DatabaseTLS
 	LockTimeout time.Duration `envconfig:"MIGRATE_LOCK_TIMEOUT" default:"5m"`
 	// WaitTimeout bounds `migrate wait`, which init containers use to hold a
 	// pod until the schema is current.

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -15,13 +16,16 @@ func (c *Connections) validate(p *problems, needRedis, needDB bool) {
 	if err := CheckAMQPURL(c.AMQPURL); err != nil {
 		p.add("AMQP_URL", "%v", err)
 	}
+	validateTLS(p, "AMQP_TLS", "AMQP_URL", c.AMQPTLSSettings(), func() string { return amqpPlaintext(c.AMQPURL) })
 	if needRedis {
 		if _, _, err := ParseRedisURL(c.RedisURL); err != nil {
 			p.add("REDIS_URL", "%v", err)
 		}
+		validateTLS(p, "REDIS_TLS", "REDIS_URL", c.RedisTLSSettings(), func() string { return redisPlaintext(c.RedisURL) })
 	}
 	if needDB {
 		validateDatabaseURL(p, c.DatabaseURL)
+		validateTLS(p, "DATABASE_TLS", "DATABASE_URL", c.DatabaseTLSSettings(), func() string { return databasePlaintext(c.DatabaseURL) })
 	}
 	checkPositive(p, "AMQP_RECONNECT_MAX_BACKOFF", c.AMQPReconnectMaxBackoff)
 }
@@ -93,14 +97,19 @@ func (c *Receiver) Validate() error {
 	c.Dedupe.validate(&p)
 	validateAddr(&p, "HTTP_ADDR", c.HTTPAddr)
 	validateAddr(&p, "METRICS_ADDR", c.MetricsAddr)
-	if len(c.WebhookSecrets) == 0 && !c.InsecureSkipVerify {
-		p.add("WEBHOOK_SECRETS", "no signing secret set; set the provider's signing secret(s), comma-separated "+
-			"(or INSECURE_SKIP_SIGNATURE_VERIFICATION=true to accept unsigned, forgeable webhooks)")
+	if c.WebhookSecretsFile != "" {
+		readSecretsFile(&p, "WEBHOOK_SECRETS", "WEBHOOK_SECRETS_FILE", c.WebhookSecretsFile, (*[]string)(&c.WebhookSecrets))
+	} else if len(c.WebhookSecrets) == 0 && !c.InsecureSkipVerify {
+		p.add("WEBHOOK_SECRETS", "no signing secret set; set the provider's signing secret(s), comma-separated, "+
+			"or WEBHOOK_SECRETS_FILE (or INSECURE_SKIP_SIGNATURE_VERIFICATION=true to accept unsigned, forgeable webhooks)")
 	}
 	if len(c.WebhookSecrets) > 0 && c.InsecureSkipVerify {
-		p.add("INSECURE_SKIP_SIGNATURE_VERIFICATION", "must not be set together with WEBHOOK_SECRETS")
+		p.add("INSECURE_SKIP_SIGNATURE_VERIFICATION", "must not be set together with WEBHOOK_SECRETS or WEBHOOK_SECRETS_FILE")
 	}
 	c.Sources = c.parseSources(&p)
+	c.WebhookSecretFiles.validate(&p)
+	c.ReceiverLimits.validate(&p)
+	checkHosts(&p, "PAYPAL_CERT_HOSTS", c.PayPalCertHosts)
 	checkPositive(&p, "WEBHOOK_TOLERANCE", c.WebhookTolerance)
 	checkRange(&p, "WEBHOOK_MAX_BODY_BYTES", c.WebhookMaxBody, 1024, 64<<20)
 	checkPositive(&p, "PUBLISH_TIMEOUT", c.PublishTimeout)
@@ -115,6 +124,34 @@ func (c *Receiver) Validate() error {
 }
 
 var sourceName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+
+// SecretsVar is the variable a WEBHOOK_SOURCES source reads its secrets
+// from: WEBHOOK_SECRETS_<NAME>, the name in upper case with "-" as "_".
+// The chart's idempotent-events.sourceSecretsVar helper writes the same
+// name.
+func SecretsVar(source string) string {
+	return "WEBHOOK_SECRETS_" + strings.ToUpper(strings.ReplaceAll(source, "-", "_"))
+}
+
+// checkHosts validates a list of "host" or "host:port" items.
+func checkHosts(p *problems, name string, hosts []string) {
+	if len(hosts) == 0 {
+		p.add(name, "must name at least one host")
+	}
+	for _, h := range hosts {
+		host := h
+		if hh, port, err := net.SplitHostPort(h); err == nil {
+			host = hh
+			if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+				p.add(name, "%q: the port must be 1-65535", h)
+				continue
+			}
+		}
+		if host == "" || strings.ContainsAny(host, "/:@?#[] ") {
+			p.add(name, "%q is not a host or host:port (no scheme, path or user)", h)
+		}
+	}
+}
 
 // parseSources reads WEBHOOK_SOURCES and each source's secrets variable.
 func (c *Receiver) parseSources(p *problems) []Source {
@@ -132,21 +169,38 @@ func (c *Receiver) parseSources(p *problems) []Source {
 		case name == "payment" || name == "stripe":
 			p.add("WEBHOOK_SOURCES", "source name %q is reserved for the default Stripe route /webhooks/payment", name)
 			continue
+		case name == "file" || strings.HasSuffix(name, "-file") && listed(c.WebhookSources, strings.TrimSuffix(name, "-file")):
+			// Its WEBHOOK_SECRETS_<NAME> would be another source's _FILE variable.
+			p.add("WEBHOOK_SOURCES", "source name %q is taken: %s names the secrets file of another route", name, SecretsVar(name))
+			continue
 		case seen[name]:
 			p.add("WEBHOOK_SOURCES", "source %q is listed twice", name)
 			continue
 		}
 		seen[name] = true
-		src := Source{Name: name, Scheme: scheme, SecretsVar: "WEBHOOK_SECRETS_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))}
+		src := Source{Name: name, Scheme: scheme, SecretsVar: SecretsVar(name)}
 		var secrets List
 		_ = secrets.Decode(os.Getenv(src.SecretsVar))
 		src.Secrets = secrets
-		if len(src.Secrets) == 0 && !c.InsecureSkipVerify {
+		fileVar := SecretsFileVar(src.SecretsVar)
+		if src.SecretsFile = os.Getenv(fileVar); src.SecretsFile != "" {
+			readSecretsFile(p, src.SecretsVar, fileVar, src.SecretsFile, &src.Secrets)
+		} else if len(src.Secrets) == 0 && !c.InsecureSkipVerify {
 			p.add(src.SecretsVar, "no signing secret set for source %q", name)
 		}
 		out = append(out, src)
 	}
 	return out
+}
+
+// listed reports whether the WEBHOOK_SOURCES items list the source name.
+func listed(items []string, name string) bool {
+	for _, item := range items {
+		if n, _, _ := strings.Cut(item, ":"); n == name {
+			return true
+		}
+	}
+	return false
 }
 
 // Validate implements Spec.
@@ -189,6 +243,7 @@ func (c *Migrate) Validate() error {
 	var p problems
 	c.Logging.validate(&p)
 	validateDatabaseURL(&p, c.DatabaseURL)
+	validateTLS(&p, "DATABASE_TLS", "DATABASE_URL", c.DatabaseTLSSettings(), func() string { return databasePlaintext(c.DatabaseURL) })
 	checkPositive(&p, "MIGRATE_LOCK_TIMEOUT", c.LockTimeout)
 	checkPositive(&p, "MIGRATE_WAIT_TIMEOUT", c.WaitTimeout)
 	return p.err()

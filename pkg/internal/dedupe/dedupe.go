@@ -39,6 +39,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/tlsconfig"
 )
 
 // Cache remembers committed event ids in Redis.
@@ -67,6 +68,14 @@ type Cache struct {
 // Whichever it is, Redis stays a hint: a failover that forgets entries
 // only costs Postgres lookups.
 func Open(redisURL, prefix string, ttl time.Duration) (*Cache, error) {
+	return OpenTLS(redisURL, prefix, ttl, nil)
+}
+
+// OpenTLS is Open with the TLS of the REDIS_TLS_* files: every connection
+// to every server (master, replicas, sentinels, cluster nodes) is TLS
+// verified against the host it dials, made with the files as they are at
+// that moment, and its TLS failures name Redis. A nil tc is Open.
+func OpenTLS(redisURL, prefix string, ttl time.Duration, tc *tlsconfig.Client) (*Cache, error) {
 	opts, cluster, err := config.ParseRedisURL(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse REDIS_URL: %w", err)
@@ -74,6 +83,10 @@ func Open(redisURL, prefix string, ttl time.Duration) (*Cache, error) {
 	// The fast path must fail fast: a slow Redis costs every message its
 	// timeout, and the answer on error is "ask Postgres" anyway.
 	opts.DialTimeout = 500 * time.Millisecond
+	if tc != nil {
+		opts.TLSConfig = nil // the dialer does TLS, with fresh files
+		opts.Dialer = tc.RedisDialer(opts.DialTimeout)
+	}
 	opts.ReadTimeout = 300 * time.Millisecond
 	opts.WriteTimeout = 300 * time.Millisecond
 	opts.MaxRetries = 0
@@ -84,6 +97,9 @@ func Open(redisURL, prefix string, ttl time.Duration) (*Cache, error) {
 		c.rdb = redis.NewClusterClient(opts.Cluster())
 	} else {
 		c.rdb = redis.NewUniversalClient(opts)
+	}
+	if tc != nil {
+		c.rdb.AddHook(tlsconfig.RedisHook())
 	}
 	return c, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/backoff"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/lookup"
 )
 
 // Defaults of Options.
@@ -127,7 +128,7 @@ func (c *Client) List(ctx context.Context, f Filter, limit int) (Listing, error)
 		return Listing{}, err
 	}
 	defer release()
-	s, err := c.open(ctx, false)
+	s, err := c.open(ctx, broker.DLQ, false)
 	if err != nil {
 		return Listing{}, err
 	}
@@ -150,6 +151,49 @@ func (c *Client) List(ctx context.Context, f Filter, limit int) (Listing, error)
 	return l, s.release(hs)
 }
 
+// Locate looks for the messages of event key in queues (events.dlq and
+// the retry tiers: where an event waits that is not in the ledger), up to
+// the scan limit of each, and returns every message read to its queue. A
+// requeued message keeps its expiry, so a retry tier's delay is not reset.
+func (c *Client) Locate(ctx context.Context, key string, queues []string) (lookup.Queues, error) {
+	release, err := c.acquire(ctx)
+	if err != nil {
+		return lookup.Queues{}, err
+	}
+	defer release()
+	var found lookup.Queues
+	for _, q := range queues {
+		s, err := c.open(ctx, q, false)
+		var aerr *amqp.Error
+		if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
+			// No such tier here (RETRY_DELAYS differs from the workers'):
+			// nothing can wait in it.
+			found.Scanned = append(found.Scanned, lookup.Scan{Queue: q, Missing: true, Complete: true})
+			continue
+		}
+		if err != nil {
+			return found, err
+		}
+		hs, exhausted, err := s.scan(c.opts.ScanLimit)
+		found.Scanned = append(found.Scanned, lookup.Scan{Queue: q, Read: len(hs), Depth: s.depth, Complete: exhausted || len(hs) >= s.depth})
+		for _, h := range hs {
+			if h.m.EventID != key {
+				continue
+			}
+			found.Hits = append(found.Hits, lookup.QueueHit{Queue: q, ID: h.m.ID, Reason: string(h.m.Reason), Attempts: h.m.Attempts,
+				LastError: h.m.LastError, At: h.m.DeadLetteredAt, FailedAt: h.m.LastFailedAt})
+		}
+		if err == nil {
+			err = s.release(hs)
+		}
+		s.close()
+		if err != nil {
+			return found, err
+		}
+	}
+	return found, nil
+}
+
 // Show returns the message with DLQ id, with its headers and body, and
 // leaves it in the queue.
 func (c *Client) Show(ctx context.Context, id string) (Message, error) {
@@ -158,7 +202,7 @@ func (c *Client) Show(ctx context.Context, id string) (Message, error) {
 		return Message{}, err
 	}
 	defer release()
-	s, err := c.open(ctx, false)
+	s, err := c.open(ctx, broker.DLQ, false)
 	if err != nil {
 		return Message{}, err
 	}
@@ -262,7 +306,7 @@ func (c *Client) mutate(ctx context.Context, action string, req Request) (Report
 		return rep, err
 	}
 	defer release()
-	s, err := c.open(ctx, action == ActionReplay && !req.DryRun)
+	s, err := c.open(ctx, broker.DLQ, action == ActionReplay && !req.DryRun)
 	if err != nil {
 		return rep, err
 	}
@@ -496,6 +540,7 @@ type held struct {
 // confirm channel). Delivery tags belong to it and die with it: whatever it
 // has not acked is back in the DLQ once it is closed.
 type session struct {
+	queue string
 	conn  *amqp.Connection
 	ch    *amqp.Channel
 	pub   *broker.ConfirmChannel
@@ -503,14 +548,14 @@ type session struct {
 	stop  func() bool
 }
 
-func (c *Client) open(ctx context.Context, publisher bool) (*session, error) {
+func (c *Client) open(ctx context.Context, queue string, publisher bool) (*session, error) {
 	conn, err := c.opts.Dialer.Dial()
 	if err != nil {
 		return nil, fmt.Errorf("connect to the broker: %w", err)
 	}
 	// The broker's calls take no context: a cancelled operation closes the
 	// connection, which fails them and requeues what was held.
-	s := &session{conn: conn, stop: context.AfterFunc(ctx, func() { _ = conn.Close() })}
+	s := &session{queue: queue, conn: conn, stop: context.AfterFunc(ctx, func() { _ = conn.Close() })}
 	fail := func(err error) (*session, error) {
 		s.close()
 		return nil, err
@@ -518,13 +563,13 @@ func (c *Client) open(ctx context.Context, publisher bool) (*session, error) {
 	if s.ch, err = conn.Channel(); err != nil {
 		return fail(fmt.Errorf("open channel: %w", err))
 	}
-	q, err := s.ch.QueueDeclarePassive(broker.DLQ, true, false, false, false, nil)
+	q, err := s.ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
 		var aerr *amqp.Error
 		if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
-			return fail(fmt.Errorf("queue %s does not exist in this vhost (has a worker or receiver declared the topology?): %w", broker.DLQ, err))
+			return fail(fmt.Errorf("queue %s does not exist in this vhost (has a worker or receiver declared the topology?): %w", queue, err))
 		}
-		return fail(fmt.Errorf("inspect %s: %w", broker.DLQ, err))
+		return fail(fmt.Errorf("inspect %s: %w", queue, err))
 	}
 	s.depth = q.Messages
 	if publisher {
@@ -539,9 +584,9 @@ func (c *Client) open(ctx context.Context, publisher bool) (*session, error) {
 // queue had no more ready messages.
 func (s *session) scan(limit int) (hs []held, exhausted bool, err error) {
 	for len(hs) < limit {
-		d, ok, err := s.ch.Get(broker.DLQ, false)
+		d, ok, err := s.ch.Get(s.queue, false)
 		if err != nil {
-			return hs, false, fmt.Errorf("get from %s: %w", broker.DLQ, err)
+			return hs, false, fmt.Errorf("get from %s: %w", s.queue, err)
 		}
 		if !ok {
 			return hs, true, nil
@@ -565,7 +610,7 @@ func (s *session) release(hs []held) error {
 		return nil
 	}
 	if err := s.ch.Nack(last, true, true); err != nil {
-		return fmt.Errorf("return messages to %s: %w", broker.DLQ, err)
+		return fmt.Errorf("return messages to %s: %w", s.queue, err)
 	}
 	for i := range hs {
 		if hs[i].d.DeliveryTag <= last {

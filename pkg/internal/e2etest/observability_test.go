@@ -15,12 +15,14 @@ import (
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/admin"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dlq"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/httpserver"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/outbox"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/queuestats"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/receiver"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/reconcile"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/retention"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/webhooksecrets"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/worker"
 )
 
@@ -53,6 +55,8 @@ func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	d := &describer{names: map[string]bool{}}
 	receiver.NewMetrics(d)
+	httpserver.NewGuardMetrics(d, "receiver")
+	webhooksecrets.NewMetrics(d)
 	worker.NewMetrics(d)
 	dlq.NewMetrics(d)
 	admin.NewMetrics(d)

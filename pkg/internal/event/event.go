@@ -38,11 +38,15 @@ type Event struct {
 	ID string
 	// Type is the provider's event type, e.g. payment_intent.succeeded.
 	Type string
-	// Created is the provider's creation time; zero when the input has none.
+	// Created is the time that orders the events of one object: Stripe's
+	// event creation time, PayPal's resource update (else create) time;
+	// zero when the input has none.
 	Created  time.Time
 	Livemode bool
-	// Object is the provider object a Stripe event is about (data.object's
-	// "object" and "id"); zero for the short form and the other schemes.
+	// Object is the provider object the event is about: a Stripe event's
+	// data.object ("object" and "id"), a PayPal event's resource
+	// (resource_type, resource.id); zero for the short form and the other
+	// schemes.
 	Object Object
 	// Payment is set for events that describe a payment.
 	Payment *Payment

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"slices"
 )
 
 // DefaultSource is the source of the /webhooks/payment route. Its events
@@ -89,19 +90,51 @@ func DecodeGitHub(id, typ string, body []byte) (Event, error) {
 	return ev, nil
 }
 
-// Parse decodes a delivery by its signature scheme: "stripe" (or "") takes
-// everything from the body; "standard" and "github" take the event id (and
-// for GitHub the type) from the headers the receiver recorded.
-func Parse(scheme, id, typ string, body []byte) (Event, error) {
-	switch scheme {
-	case "", "stripe":
-		return Decode(body)
-	case "standard":
-		return DecodeStandard(id, body)
-	case "github":
-		return DecodeGitHub(id, typ, body)
+// DefaultScheme is how a message without a scheme is read: the receiver
+// publishes no scheme for Stripe deliveries (they were the only ones before
+// sources existed), and messages from older receivers and other tools have
+// none either.
+const DefaultScheme = "stripe"
+
+// Decoder validates a delivery's body. id and typ are what the delivery's
+// headers said (webhook.Delivery's EventID and Type), empty for providers
+// that put them in the body. A problem with the input is a *FieldError.
+type Decoder func(id, typ string, body []byte) (Event, error)
+
+// decoders are the body formats of the providers, by scheme name. The
+// worker reads a published message with Parse, so every provider's decoder
+// is here, one floor below the provider packages (pkg/internal/provider
+// fails a test when a provider and this table disagree).
+var decoders = map[string]Decoder{
+	DefaultScheme: func(_, _ string, body []byte) (Event, error) { return Decode(body) },
+	"standard":    func(id, _ string, body []byte) (Event, error) { return DecodeStandard(id, body) },
+	"github":      DecodeGitHub,
+	"paypal":      func(_, _ string, body []byte) (Event, error) { return DecodePayPal(body) },
+}
+
+// Schemes returns the scheme names Parse reads, sorted.
+func Schemes() []string {
+	names := make([]string, 0, len(decoders))
+	for name := range decoders {
+		names = append(names, name)
 	}
-	return Event{}, &FieldError{Field: "scheme", Problem: "unknown signature scheme " + scheme}
+	slices.Sort(names)
+	return names
+}
+
+// Parse decodes a delivery by its scheme: "stripe" (or "") takes
+// everything from the body; "standard" and "github" take the event id (and
+// for GitHub the type) from the headers the receiver recorded; "paypal"
+// reads its envelope. An unknown scheme is a *FieldError on "scheme".
+func Parse(scheme, id, typ string, body []byte) (Event, error) {
+	if scheme == "" {
+		scheme = DefaultScheme
+	}
+	decode, ok := decoders[scheme]
+	if !ok {
+		return Event{}, &FieldError{Field: "scheme", Problem: "unknown signature scheme " + scheme}
+	}
+	return decode(id, typ, body)
 }
 
 // DigestHexLen is the length of DigestHex's answer.

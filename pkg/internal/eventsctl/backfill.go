@@ -96,7 +96,7 @@ func backfillCmd(ctx context.Context, args []string, env Env, stdout, stderr io.
 	unrecorded := fs.Bool("unrecorded", false, "include the events committed before handler sets were recorded")
 	detach := fs.Bool("detach", false, "queue and exit; do not wait for the workers")
 	every := fs.Duration("progress", 2*time.Second, "how often to print the progress line")
-	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL URL of the ledger ($DATABASE_URL)")
+	dbURL := credentialFlag(fs, "database-url", env("DATABASE_URL"), "PostgreSQL `URL` of the ledger ($DATABASE_URL)")
 	if err := fs.Parse(args); err != nil {
 		return flagStatus(err)
 	}
@@ -138,7 +138,7 @@ func backfillCmd(ctx context.Context, args []string, env Env, stdout, stderr io.
 	if len(problems) > 0 {
 		return fail(2, "%s", strings.Join(problems, "; "))
 	}
-	db, err := pgxpool.New(ctx, *dbURL)
+	db, err := openPool(ctx, env, *dbURL)
 	if err != nil {
 		return fail(2, "%v", err)
 	}
@@ -253,7 +253,7 @@ func backfillDB(ctx context.Context, name string, args []string, env Env, stderr
 	fs := flag.NewFlagSet("eventsctl effects "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	id := fs.Int64("id", 0, "the backfill's id")
-	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL URL of the ledger ($DATABASE_URL)")
+	dbURL := credentialFlag(fs, "database-url", env("DATABASE_URL"), "PostgreSQL `URL` of the ledger ($DATABASE_URL)")
 	if err := fs.Parse(args); err != nil {
 		return nil, 0, flagStatus(err)
 	}
@@ -270,7 +270,7 @@ func backfillDB(ctx context.Context, name string, args []string, env Env, stderr
 		fmt.Fprintf(stderr, "eventsctl effects %s: %s\n", name, strings.Join(problems, "; "))
 		return nil, 0, 2
 	}
-	db, err := pgxpool.New(ctx, *dbURL)
+	db, err := openPool(ctx, env, *dbURL)
 	if err != nil {
 		fmt.Fprintf(stderr, "eventsctl effects %s: %v\n", name, err)
 		return nil, 0, 2

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dlq"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/tlsconfig"
 )
 
 const dlqUsage = `eventsctl dlq: inspect, replay and discard messages in events.dlq
@@ -77,14 +78,16 @@ type dlqFlags struct {
 	asJSON         bool
 	ids            idList
 	filter         dlq.Filter
+	env            Env
+	amqpTLS        *tlsconfig.Client
 }
 
 func newDLQFlags(name string, env Env, stderr io.Writer, withFilter bool) (*flag.FlagSet, *dlqFlags) {
 	fs := flag.NewFlagSet("eventsctl dlq "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	f := &dlqFlags{}
-	fs.StringVar(&f.amqpURL, "amqp-url", orDefault(env("AMQP_URL"), defaultAMQP), "RabbitMQ URL with the pipeline's vhost ($AMQP_URL)")
-	fs.StringVar(&f.dbURL, "database-url", env("DATABASE_URL"), "PostgreSQL URL for the audit trail ($DATABASE_URL)")
+	f := &dlqFlags{env: env}
+	credentialVar(fs, &f.amqpURL, "amqp-url", orDefault(env("AMQP_URL"), defaultAMQP), "RabbitMQ `URL` with the pipeline's vhost ($AMQP_URL)")
+	credentialVar(fs, &f.dbURL, "database-url", env("DATABASE_URL"), "PostgreSQL `URL` for the audit trail ($DATABASE_URL)")
 	fs.IntVar(&f.scanLimit, "scan-limit", dlq.DefaultScanLimit, "DLQ messages read per pass")
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
 	if withFilter {
@@ -122,6 +125,9 @@ func (f *dlqFlags) urlsOK(name string, amqp, db bool, stderr io.Writer) bool {
 	var err error
 	if amqp {
 		err = checkAMQPURL(f.amqpURL)
+		if err == nil {
+			f.amqpTLS, err = tlsOf(f.env, tlsconfig.RabbitMQ)
+		}
 	}
 	if err == nil && db {
 		err = checkDatabaseURL(f.dbURL)
@@ -134,7 +140,7 @@ func (f *dlqFlags) urlsOK(name string, amqp, db bool, stderr io.Writer) bool {
 }
 
 func (f *dlqFlags) client(opts dlq.Options) *dlq.Client {
-	opts.Dialer = broker.Dialer{URL: f.amqpURL, Name: "eventsctl dlq"}
+	opts.Dialer = broker.Dialer{URL: f.amqpURL, Name: "eventsctl dlq", TLS: f.amqpTLS}
 	opts.ScanLimit = f.scanLimit
 	return dlq.New(opts)
 }
@@ -273,7 +279,7 @@ func dlqMutate(ctx context.Context, action string, args []string, env Env, stdou
 	if !f.urlsOK(name, true, true, stderr) {
 		return 2
 	}
-	audit, err := dlq.OpenAudit(ctx, f.dbURL)
+	audit, err := openAudit(ctx, f.env, f.dbURL)
 	if err != nil {
 		fmt.Fprintln(stderr, name+":", err)
 		return 1
@@ -355,7 +361,7 @@ func dlqAudit(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	if !f.urlsOK("eventsctl dlq audit", false, true, stderr) {
 		return 2
 	}
-	audit, err := dlq.OpenAudit(ctx, f.dbURL)
+	audit, err := openAudit(ctx, f.env, f.dbURL)
 	if err != nil {
 		fmt.Fprintln(stderr, "eventsctl dlq audit:", err)
 		return 1

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/config"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/dlq"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/eventsctl"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/pipelinetest"
@@ -26,7 +27,7 @@ func TestMain(m *testing.M) {
 // run runs `eventsctl args…` in-process against p's vhost and schema.
 func run(t *testing.T, p *pipelinetest.Pipeline, args ...string) (int, string, string) {
 	t.Helper()
-	env := map[string]string{"AMQP_URL": p.AMQPURL, "DATABASE_URL": p.DBURL, "USER": "root-shell"}
+	env := map[string]string{"AMQP_URL": p.AMQPURL, "DATABASE_URL": p.DBURL, "USER": "root-shell", "RETRY_DELAYS": config.Durations(p.Topo.RetryDelays).String()}
 	var stdout, stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -27,8 +27,8 @@ type Env func(string) string
 const usage = `eventsctl: operate idempotent-events
 
 usage:
-  eventsctl send [flags]   sign a sample (or given) event, or a PaymentIntent's lifecycle (-types),
-                           and POST it to the receiver
+  eventsctl send [flags]   sign a sample (or given) event as its source's provider does (-source), or a
+                           PaymentIntent's or PayPal capture's lifecycle (-types), and POST it to the receiver
   eventsctl sign [flags]   print the Stripe-Signature header for a body
   eventsctl verify [flags] wait until an event has exactly its expected rows
   eventsctl status [flags] queue depths and lag, DLQ size, ledger and duplicate rate
@@ -141,7 +141,7 @@ func sign(args []string, env Env, stdin io.Reader, stdout, stderr io.Writer) int
 	fs.SetOutput(stderr)
 	var ef eventFlags
 	ef.register(fs)
-	secret := fs.String("secret", firstSecret(env), "signing secret (default: the first of $WEBHOOK_SECRETS)")
+	secret := credentialFlag(fs, "secret", firstSecret(env), "signing `secret` (default: the first of $WEBHOOK_SECRETS)")
 	at := fs.Int64("timestamp", 0, "unix time to sign at (default: now)")
 	if err := fs.Parse(args); err != nil {
 		return flagStatus(err)

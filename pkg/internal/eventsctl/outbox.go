@@ -53,13 +53,14 @@ func outboxCmd(ctx context.Context, args []string, env Env, stdout, stderr io.Wr
 type outboxFlags struct {
 	dbURL  string
 	asJSON bool
+	env    Env
 }
 
 func newOutboxFlags(name string, env Env, stderr io.Writer) (*flag.FlagSet, *outboxFlags) {
 	fs := flag.NewFlagSet("eventsctl outbox "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	f := &outboxFlags{}
-	fs.StringVar(&f.dbURL, "database-url", env("DATABASE_URL"), "PostgreSQL URL of the ledger ($DATABASE_URL)")
+	f := &outboxFlags{env: env}
+	credentialVar(fs, &f.dbURL, "database-url", env("DATABASE_URL"), "PostgreSQL `URL` of the ledger ($DATABASE_URL)")
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
 	return fs, f
 }
@@ -73,7 +74,7 @@ func (f *outboxFlags) open(ctx context.Context, name string, stderr io.Writer) (
 		fmt.Fprintf(stderr, "eventsctl outbox %s: %v\n", name, err)
 		return nil, 2
 	}
-	db, err := pgxpool.New(ctx, f.dbURL)
+	db, err := openPool(ctx, f.env, f.dbURL)
 	if err != nil {
 		fmt.Fprintf(stderr, "eventsctl outbox %s: %v\n", name, err)
 		return nil, 1

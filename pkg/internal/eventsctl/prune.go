@@ -8,8 +8,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idempotent-events/idempotent-events/pkg/internal/logging"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/retention"
 )
@@ -46,7 +44,7 @@ func pruneCmd(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	batch := fs.Int("batch", 5000, "rows one DELETE removes")
 	pause := fs.Duration("pause", 250*time.Millisecond, "wait between two batches, to leave the pipeline the database (0 deletes as fast as it can)")
 	dryRun := fs.Bool("dry-run", false, "count what would be deleted, delete nothing")
-	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL URL of the ledger ($DATABASE_URL)")
+	dbURL := credentialFlag(fs, "database-url", env("DATABASE_URL"), "PostgreSQL `URL` of the ledger ($DATABASE_URL)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	checkOnly := fs.Bool("check-config", false, "check the flags and the environment as a run would, then exit 0 (or 2) without calling PostgreSQL")
 	if err := fs.Parse(args); err != nil {
@@ -92,7 +90,7 @@ func pruneCmd(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		fmt.Fprintln(stdout, "eventsctl prune: configuration ok")
 		return 0
 	}
-	db, err := pgxpool.New(ctx, *dbURL)
+	db, err := openPool(ctx, env, *dbURL)
 	if err != nil {
 		return fail(2, "DATABASE_URL: %v", err)
 	}

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/logging"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/reconcile"
@@ -75,8 +73,8 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 	dryRun := fs.Bool("dry-run", false, "list and compare only: inject or redeliver nothing, record nothing")
 	rate := fs.Float64("rate", 0, "most API requests per second (default 20 for Stripe: 100/s live, 25/s test mode, shared with every other use of the key; 1 for GitHub: 5,000 requests an hour, 80 redeliveries a minute)")
 	apiURL := fs.String("api-url", "", "API address (default $STRIPE_API_URL or "+reconcile.StripeAPIURL+"; for GitHub $GITHUB_API_URL or "+reconcile.GitHubAPIURL+")")
-	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL URL of the ledger ($DATABASE_URL)")
-	amqpURL := fs.String("amqp-url", orDefault(env("AMQP_URL"), defaultAMQP), "Stripe: RabbitMQ URL with the pipeline's vhost ($AMQP_URL)")
+	dbURL := credentialFlag(fs, "database-url", env("DATABASE_URL"), "PostgreSQL `URL` of the ledger ($DATABASE_URL)")
+	amqpURL := credentialFlag(fs, "amqp-url", orDefault(env("AMQP_URL"), defaultAMQP), "Stripe: RabbitMQ `URL` with the pipeline's vhost ($AMQP_URL)")
 	repo := fs.String("repo", "", "GitHub: the repository (owner/name) of a repository webhook")
 	org := fs.String("org", "", "GitHub: the organization of an organization webhook")
 	hookID := fs.Int64("hook-id", 0, "GitHub: the webhook's id (the number in its settings page's address)")
@@ -152,7 +150,7 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 		if *checkOnly {
 			return checkReconcileConfig(nil, stdout, fail)
 		}
-		db, err := pgxpool.New(ctx, *dbURL)
+		db, err := openPool(ctx, env, *dbURL)
 		if err != nil {
 			return fail(2, "DATABASE_URL: %v", err)
 		}
@@ -202,7 +200,7 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 	if *checkOnly {
 		return checkReconcileConfig(&opts, stdout, fail)
 	}
-	db, err := pgxpool.New(ctx, *dbURL)
+	db, err := openPool(ctx, env, *dbURL)
 	if err != nil {
 		return fail(2, "DATABASE_URL: %v", err)
 	}
@@ -210,7 +208,11 @@ func reconcileCmd(ctx context.Context, args []string, env Env, stdout, stderr io
 	opts.DB = db
 	opts.Log = reconcile.NewStripeLog(reconcile.StripeOptions{APIKey: env("STRIPE_API_KEY"), URL: stripeURL, Rate: *rate})
 	if !*dryRun {
-		conn, err := broker.Dialer{URL: *amqpURL, Name: "eventsctl reconcile"}.Dial()
+		d, err := dialer(env, *amqpURL, "eventsctl reconcile")
+		if err != nil {
+			return fail(2, "%v", err)
+		}
+		conn, err := d.Dial()
 		if err != nil {
 			return fail(1, "rabbitmq: %v", err)
 		}

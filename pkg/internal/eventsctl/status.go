@@ -19,6 +19,7 @@ import (
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/queuestats"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/tlsconfig"
 )
 
 const defaultAMQP = "amqp://guest:guest@127.0.0.1:5672/"
@@ -35,9 +36,9 @@ func orDefault(v, def string) string {
 func status(ctx context.Context, args []string, env Env, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("eventsctl status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	amqpURL := fs.String("amqp-url", orDefault(env("AMQP_URL"), defaultAMQP), "RabbitMQ URL, for the vhost ($AMQP_URL)")
-	mgmt := fs.String("management-url", orDefault(env("RABBITMQ_MANAGEMENT_URL"), "auto"), "RabbitMQ management API ($RABBITMQ_MANAGEMENT_URL; auto derives it from the AMQP URL)")
-	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL URL for ledger figures ($DATABASE_URL; skipped when empty)")
+	amqpURL := credentialFlag(fs, "amqp-url", orDefault(env("AMQP_URL"), defaultAMQP), "RabbitMQ `URL`, for the vhost ($AMQP_URL)")
+	mgmt := credentialFlag(fs, "management-url", orDefault(env("RABBITMQ_MANAGEMENT_URL"), "auto"), "RabbitMQ management API `URL` ($RABBITMQ_MANAGEMENT_URL; auto derives it from the AMQP URL)")
+	dbURL := credentialFlag(fs, "database-url", env("DATABASE_URL"), "PostgreSQL `URL` for ledger figures ($DATABASE_URL; skipped when empty)")
 	workers := fs.String("worker-metrics", "http://127.0.0.1:9091/metrics", "comma-separated worker /metrics URLs for the duplicate rate (empty to skip)")
 	window := fs.Duration("window", 5*time.Second, "window over which the duplicate rate is measured")
 	if err := fs.Parse(args); err != nil {
@@ -61,7 +62,10 @@ func status(ctx context.Context, args []string, env Env, stdout, stderr io.Write
 	}
 	var client *queuestats.Client
 	if err == nil {
-		client, err = queuestats.ForAMQP(base, *amqpURL)
+		var tc *tlsconfig.Client
+		if tc, err = tlsOf(env, tlsconfig.RabbitMQ); err == nil {
+			client, err = queuestats.ForAMQPTLS(base, *amqpURL, tc)
+		}
 	}
 	var queues []queuestats.Queue
 	if err == nil {
@@ -78,7 +82,7 @@ func status(ctx context.Context, args []string, env Env, stdout, stderr io.Write
 	// looked like a ledger with nothing to show.
 	if *dbURL == "" {
 		fmt.Fprintln(stdout, "\nledger: skipped, DATABASE_URL is not set (set it or pass -database-url for the ledger's throughput and handler sets)")
-	} else if err := printLedger(ctx, stdout, *dbURL); err != nil {
+	} else if err := printLedger(ctx, env, stdout, *dbURL); err != nil {
 		fmt.Fprintf(stderr, "eventsctl status: ledger: %v\n", err)
 		failed = true
 	}
@@ -134,8 +138,8 @@ func printQueues(w io.Writer, queues []queuestats.Queue, now time.Time) {
 	}
 }
 
-func printLedger(ctx context.Context, w io.Writer, dbURL string) error {
-	conn, err := pgx.Connect(ctx, dbURL)
+func printLedger(ctx context.Context, env Env, w io.Writer, dbURL string) error {
+	conn, err := connectDB(ctx, env, dbURL)
 	if err != nil {
 		return err
 	}

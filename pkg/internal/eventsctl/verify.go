@@ -7,8 +7,6 @@ import (
 	"io"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // verify waits until an event has had its effect exactly as expected:
@@ -20,7 +18,7 @@ func verify(ctx context.Context, args []string, env Env, stdout, stderr io.Write
 	id := fs.String("id", "", "event id to check (required)")
 	expect := fs.Int("expect", 1, "payments rows the event must have")
 	timeout := fs.Duration("timeout", 60*time.Second, "how long to wait for the event to be processed")
-	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL URL ($DATABASE_URL)")
+	dbURL := credentialFlag(fs, "database-url", env("DATABASE_URL"), "PostgreSQL `URL` ($DATABASE_URL)")
 	if err := fs.Parse(args); err != nil {
 		return flagStatus(err)
 	}
@@ -50,7 +48,7 @@ func verify(ctx context.Context, args []string, env Env, stdout, stderr io.Write
 	var payments, ledger, doubled int
 	var lastErr error
 	for {
-		lastErr = count(ctx, *dbURL, *id, &payments, &ledger, &doubled)
+		lastErr = count(ctx, env, *dbURL, *id, &payments, &ledger, &doubled)
 		if lastErr == nil && (doubled > 0 || payments > *expect || ledger > 1) {
 			break // can only get worse
 		}
@@ -73,8 +71,8 @@ func verify(ctx context.Context, args []string, env Env, stdout, stderr io.Write
 	return 1
 }
 
-func count(ctx context.Context, dbURL, id string, payments, ledger, doubled *int) error {
-	conn, err := pgx.Connect(ctx, dbURL)
+func count(ctx context.Context, env Env, dbURL, id string, payments, ledger, doubled *int) error {
+	conn, err := connectDB(ctx, env, dbURL)
 	if err != nil {
 		return err
 	}

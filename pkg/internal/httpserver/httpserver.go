@@ -5,7 +5,11 @@
 // finish for up to ShutdownTimeout; Close releases a listener that never ran.
 //
 // Every server gets the same defences against slow and oversized clients:
-// read, write and idle timeouts and a 16 KiB header limit.
+// read, write and idle timeouts and a 16 KiB header limit. A server of
+// bodies from untrusted senders (the receiver's webhook port) also wraps its
+// handler in Guard: a deadline on reading the body, and a budget of failed
+// requests per client and route, past which the client is answered 429
+// before anything is read or verified (docs/security.md).
 package httpserver
 
 import (

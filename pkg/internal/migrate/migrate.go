@@ -28,6 +28,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/idempotent-events/idempotent-events/migrations"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/tlsconfig"
 )
 
 // Result describes one run.
@@ -40,18 +41,31 @@ type Result struct {
 	Version int64
 }
 
+// Target is a database to migrate: its DATABASE_URL and the TLS of its
+// connections (DATABASE_TLS_*; nil: none of ours). The functions of the
+// package are Target's methods without TLS.
+type Target struct {
+	URL string
+	TLS *tlsconfig.Client
+}
+
 // Up creates the database named in databaseURL if it does not exist, then
 // applies every pending migration. lockTimeout bounds the wait for another
 // migrate that holds the lock.
 func Up(ctx context.Context, databaseURL string, lockTimeout time.Duration) (Result, error) {
+	return Target{URL: databaseURL}.Up(ctx, lockTimeout)
+}
+
+// Up is the package's Up on t.
+func (t Target) Up(ctx context.Context, lockTimeout time.Duration) (Result, error) {
 	var res Result
-	created, err := EnsureDatabase(ctx, databaseURL)
+	created, err := t.EnsureDatabase(ctx)
 	if err != nil {
 		return res, err
 	}
 	res.CreatedDatabase = created
 
-	db, err := openDB(databaseURL)
+	db, err := t.openDB()
 	if err != nil {
 		return res, err
 	}
@@ -78,7 +92,12 @@ func Up(ctx context.Context, databaseURL string, lockTimeout time.Duration) (Res
 // Pending reports whether the database lacks any embedded migration; an
 // error means the schema could not be read (no database, no version table).
 func Pending(ctx context.Context, databaseURL string) (bool, error) {
-	db, err := openDB(databaseURL)
+	return Target{URL: databaseURL}.Pending(ctx)
+}
+
+// Pending is the package's Pending on t.
+func (t Target) Pending(ctx context.Context) (bool, error) {
+	db, err := t.openDB()
 	if err != nil {
 		return false, err
 	}
@@ -94,8 +113,13 @@ func Pending(ctx context.Context, databaseURL string) (bool, error) {
 // ctx is done. It is what receiver and worker pods run before starting, so
 // they never run against an old schema.
 func Wait(ctx context.Context, databaseURL string, every time.Duration, progress func(error)) error {
+	return Target{URL: databaseURL}.Wait(ctx, every, progress)
+}
+
+// Wait is the package's Wait on t.
+func (t Target) Wait(ctx context.Context, every time.Duration, progress func(error)) error {
 	for {
-		pending, err := Pending(ctx, databaseURL)
+		pending, err := t.Pending(ctx)
 		if err == nil && !pending {
 			return nil
 		}
@@ -111,12 +135,18 @@ func Wait(ctx context.Context, databaseURL string, every time.Duration, progress
 	}
 }
 
-func openDB(databaseURL string) (*sql.DB, error) {
-	cfg, err := pgx.ParseConfig(databaseURL)
+func (t Target) openDB() (*sql.DB, error) {
+	cfg, err := pgx.ParseConfig(t.URL)
 	if err != nil {
 		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
 	}
-	return stdlib.OpenDB(*cfg), nil
+	t.TLS.ConfigurePgx(&cfg.Config)
+	// database/sql reconnects with the same configuration: refresh its
+	// TLS before each connection, for a rotation during a long run.
+	return stdlib.OpenDB(*cfg, stdlib.OptionBeforeConnect(func(_ context.Context, cc *pgx.ConnConfig) error {
+		t.TLS.ConfigurePgx(&cc.Config)
+		return nil
+	})), nil
 }
 
 func newProvider(ctx context.Context, db *sql.DB, lockTimeout time.Duration) (*goose.Provider, error) {
@@ -145,10 +175,16 @@ func newProvider(ctx context.Context, db *sql.DB, lockTimeout time.Duration) (*g
 // exist, connecting to the server's "postgres" database to do so. It is safe
 // when several callers race: losing the race is not an error.
 func EnsureDatabase(ctx context.Context, databaseURL string) (bool, error) {
-	cfg, err := pgx.ParseConfig(databaseURL)
+	return Target{URL: databaseURL}.EnsureDatabase(ctx)
+}
+
+// EnsureDatabase is the package's EnsureDatabase on t.
+func (t Target) EnsureDatabase(ctx context.Context) (bool, error) {
+	cfg, err := pgx.ParseConfig(t.URL)
 	if err != nil {
 		return false, fmt.Errorf("parse DATABASE_URL: %w", err)
 	}
+	t.TLS.ConfigurePgx(&cfg.Config)
 	target := cfg.Database
 	if target == "" {
 		return false, errors.New("DATABASE_URL names no database")
@@ -158,13 +194,13 @@ func EnsureDatabase(ctx context.Context, databaseURL string) (bool, error) {
 		_ = conn.Close(ctx)
 		return false, nil
 	} else if !isCode(err, "3D000") { // invalid_catalog_name
-		return false, fmt.Errorf("connect to database %s: %w", target, err)
+		return false, fmt.Errorf("connect to database %s: %w", target, tlsconfig.Postgres.Explain(err))
 	}
 	admin := cfg.Copy()
 	admin.Database = "postgres"
 	conn, err := pgx.ConnectConfig(ctx, admin)
 	if err != nil {
-		return false, fmt.Errorf("connect to the postgres database to create %s: %w", target, err)
+		return false, fmt.Errorf("connect to the postgres database to create %s: %w", target, tlsconfig.Postgres.Explain(err))
 	}
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{target}.Sanitize())

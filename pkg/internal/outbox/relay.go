@@ -16,6 +16,7 @@ import (
 	"github.com/idempotent-events/idempotent-events/pkg/internal/backoff"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/broker"
 	"github.com/idempotent-events/idempotent-events/pkg/internal/options"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/tlsconfig"
 )
 
 // Message headers of a published outbox message, beside MessageId (the
@@ -34,6 +35,9 @@ type Options struct {
 	// DatabaseURL is where LISTEN wakes the relay early (a connection of
 	// its own); empty leaves only the polling.
 	DatabaseURL string
+	// DatabaseTLS is the TLS of that connection (DATABASE_TLS_*), the
+	// same as Pool's; nil: none of ours.
+	DatabaseTLS *tlsconfig.Client
 	// Dialer reaches RabbitMQ; the relay reconnects through it.
 	Dialer broker.Dialer
 	// BatchSize is how many rows one round claims at most.
@@ -394,7 +398,7 @@ func (r *Relay) listen(ctx context.Context) {
 }
 
 func (r *Relay) listenOnce(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, r.opts.DatabaseURL)
+	conn, err := r.opts.DatabaseTLS.ConnectPgx(ctx, r.opts.DatabaseURL)
 	if err != nil {
 		return err
 	}

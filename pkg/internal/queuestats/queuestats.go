@@ -23,6 +23,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idempotent-events/idempotent-events/pkg/internal/telemetry"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/tlsconfig"
 )
 
 // Queue is one queue's state.
@@ -83,11 +84,27 @@ func firstNode(amqpURL string) string {
 
 // ForAMQP returns a client for the vhost of amqpURL.
 func ForAMQP(base, amqpURL string) (*Client, error) {
+	return ForAMQPTLS(base, amqpURL, nil)
+}
+
+// ForAMQPTLS is ForAMQP whose HTTPS connections trust the broker's CA and
+// present its client certificate (AMQP_TLS_*): the management API of a
+// broker with a private CA is served under the same CA, as cert-manager
+// issues one certificate for both listeners. A nil tc is ForAMQP (the
+// system's roots).
+func ForAMQPTLS(base, amqpURL string, tc *tlsconfig.Client) (*Client, error) {
 	uri, err := amqp.ParseURI(firstNode(amqpURL))
 	if err != nil {
 		return nil, err
 	}
-	return New(base, uri.Vhost)
+	c, err := New(base, uri.Vhost)
+	if err != nil {
+		return nil, err
+	}
+	if t := tc.HTTPTransport(); t != nil {
+		c.http.Transport = t
+	}
+	return c, nil
 }
 
 type apiQueue struct {

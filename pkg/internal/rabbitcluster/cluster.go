@@ -36,6 +36,8 @@ type Cluster struct {
 	dir   string
 	tools tools
 	nodes []*node
+	// extra adds lines to a node's rabbitmq.conf (Options.Config).
+	extra func(i int) string
 }
 
 // node is one rabbitmq-server of the cluster.
@@ -91,6 +93,22 @@ func findTools() (tools, error) {
 // Start boots a cluster of n nodes (3 when n is 0) and returns once every
 // node runs in it. The caller must Close it.
 func Start(ctx context.Context, n int) (c *Cluster, err error) {
+	return StartWith(ctx, Options{Nodes: n})
+}
+
+// Options configure StartWith.
+type Options struct {
+	// Nodes is the number of nodes; 3 when 0.
+	Nodes int
+	// Config, when set, returns lines to add to node i's rabbitmq.conf (a
+	// TLS listener, say). Files it names must be readable by the user the
+	// nodes run as (the machine's rabbitmq user, when the tests are root).
+	Config func(i int) string
+}
+
+// StartWith is Start with opts.
+func StartWith(ctx context.Context, opts Options) (c *Cluster, err error) {
+	n := opts.Nodes
 	if n <= 0 {
 		n = 3
 	}
@@ -99,7 +117,7 @@ func Start(ctx context.Context, n int) (c *Cluster, err error) {
 		return nil, err
 	}
 	id := randomHex(4)
-	c = &Cluster{VHost: "ie", User: "ie", Password: randomHex(12), tools: t}
+	c = &Cluster{VHost: "ie", User: "ie", Password: randomHex(12), tools: t, extra: opts.Config}
 	if c.dir, err = os.MkdirTemp("", "ie-rabbitcluster-"+id+"-"); err != nil {
 		return nil, err
 	}
@@ -120,7 +138,7 @@ func Start(ctx context.Context, n int) (c *Cluster, err error) {
 		if err := os.MkdirAll(nd.dir, 0o755); err != nil {
 			return c, err
 		}
-		if err := os.WriteFile(filepath.Join(nd.dir, "rabbitmq.conf"), c.config(i == 0), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(nd.dir, "rabbitmq.conf"), c.config(i), 0o644); err != nil {
 			return c, err
 		}
 	}
@@ -167,7 +185,8 @@ func Start(ctx context.Context, n int) (c *Cluster, err error) {
 // vhost at its first boot; the others take them when they join. The AMQP
 // and distribution ports come from the environment (RABBITMQ_NODE_PORT,
 // RABBITMQ_DIST_PORT).
-func (c *Cluster) config(first bool) []byte {
+func (c *Cluster) config(i int) []byte {
+	first := i == 0
 	var b bytes.Buffer
 	b.WriteString("loopback_users = none\nlog.file.level = info\nlog.console = false\n")
 	// A cluster on a busy 2-core machine: no memory or disk alarm from the
@@ -177,6 +196,9 @@ func (c *Cluster) config(first bool) []byte {
 		fmt.Fprintf(&b, "default_user = %s\ndefault_pass = %s\ndefault_vhost = %s\n", c.User, c.Password, c.VHost)
 		b.WriteString("default_permissions.configure = .*\ndefault_permissions.read = .*\ndefault_permissions.write = .*\n")
 		b.WriteString("default_user_tags.administrator = true\n")
+	}
+	if c.extra != nil {
+		b.WriteString(c.extra(i) + "\n")
 	}
 	return b.Bytes()
 }

@@ -28,6 +28,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempotent-events/idempotent-events/pkg/internal/tlsconfig"
+
 	"github.com/idempotent-events/idempotent-events/pkg/internal/event"
 )
 
@@ -63,10 +65,19 @@ const CommitTimeout = time.Minute
 
 // Open connects a pool to databaseURL. maxConns of 0 keeps pgx's default.
 func Open(ctx context.Context, databaseURL string, maxConns int32) (*Store, error) {
+	return OpenTLS(ctx, databaseURL, maxConns, nil)
+}
+
+// OpenTLS is Open with the TLS of the DATABASE_TLS_* files: every
+// connection the pool makes, then and later, is verified TLS with the files
+// as they are at that moment (a rotated certificate reaches the next
+// connection; open ones keep theirs). A nil tc is Open.
+func OpenTLS(ctx context.Context, databaseURL string, maxConns int32, tc *tlsconfig.Client) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
 	}
+	tc.ConfigurePool(cfg)
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
@@ -83,7 +94,7 @@ func Open(ctx context.Context, databaseURL string, maxConns int32) (*Store, erro
 		}
 	}
 	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-		return nil, fmt.Errorf("create pool: %w", err)
+		return nil, fmt.Errorf("create pool: %w", tlsconfig.Postgres.Explain(err))
 	}
 	return s, nil
 }

@@ -96,7 +96,7 @@ func (v *StandardVerifier) Verify(h http.Header, body []byte) (int, error) {
 	if matched < 0 {
 		return -1, &Error{Reason: ReasonMismatch, Detail: "no v1 signature matches under any configured secret"}
 	}
-	if err := checkAge(v.now(), time.Unix(unix, 0), v.tolerance); err != nil {
+	if err := CheckAge(v.now(), time.Unix(unix, 0), v.tolerance); err != nil {
 		return -1, err
 	}
 	return matched, nil

@@ -78,16 +78,16 @@ func (v *StripeVerifier) VerifyHeader(header string, body []byte) (int, error) {
 	if matched < 0 {
 		return -1, &Error{Reason: ReasonMismatch, Detail: "no v1 signature matches the body under any configured secret"}
 	}
-	if err := checkAge(v.now(), time.Unix(ts, 0), v.tolerance); err != nil {
+	if err := CheckAge(v.now(), time.Unix(ts, 0), v.tolerance); err != nil {
 		return -1, err
 	}
 	return matched, nil
 }
 
-// checkAge rejects a signature timestamp further than tolerance from now,
+// CheckAge rejects a signature timestamp further than tolerance from now,
 // in either direction: old is a replay, future is a forgery or a broken
-// clock.
-func checkAge(now, signed time.Time, tolerance time.Duration) error {
+// clock. Both edges are inclusive.
+func CheckAge(now, signed time.Time, tolerance time.Duration) error {
 	age := now.Sub(signed)
 	switch {
 	case age > tolerance:

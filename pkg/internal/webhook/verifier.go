@@ -4,10 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"time"
 )
 
-// Signature schemes.
+// Signature schemes of the HMAC verifiers in this package; each is also the
+// name of the provider that uses it (pkg/internal/provider).
 const (
 	SchemeStripe   = "stripe"
 	SchemeStandard = "standard"
@@ -33,6 +33,15 @@ const (
 	ReasonMismatch  Reason = "signature_mismatch"
 	ReasonStale     Reason = "timestamp_too_old"
 	ReasonFuture    Reason = "timestamp_in_future"
+	// ReasonUntrusted is a signature made with a key the receiver does not
+	// trust: a certificate from a host off the allow-list, or one whose
+	// chain or subject does not verify (PayPal).
+	ReasonUntrusted Reason = "certificate_untrusted"
+	// ReasonUnavailable is a signature that could not be checked for now:
+	// the provider's certificate could not be fetched (PayPal's host down
+	// or slow). It is the one reason answered 503, not 401, so the provider
+	// retries instead of the event being refused for our outage.
+	ReasonUnavailable Reason = "verification_unavailable"
 )
 
 // Error is a failed verification.
@@ -54,25 +63,20 @@ func ReasonOf(err error) Reason {
 }
 
 // SecretError is a secret a verifier cannot use (a Standard Webhooks
-// secret that is not whsec_<base64>).
+// secret that is not whsec_<base64>, a PayPal webhook id that is not
+// letters and digits). It never quotes the secret.
 type SecretError struct {
 	// Index is the position of the secret in its list, from 1.
 	Index int
+	// Form is what the secret should look like; "" is Standard Webhooks'
+	// whsec_<base64>.
+	Form string
 }
 
-func (e *SecretError) Error() string { return fmt.Sprintf("secret %d is not whsec_<base64>", e.Index) }
-
-// NewVerifier returns the verifier of scheme over secrets: the one place
-// that maps a scheme name to its verifier. Secrets it cannot use are a
-// *SecretError; an unknown scheme is an error naming the known ones.
-func NewVerifier(scheme string, secrets []string, tolerance time.Duration) (Verifier, error) {
-	switch scheme {
-	case SchemeStripe:
-		return NewStripeVerifier(secrets, tolerance), nil
-	case SchemeStandard:
-		return NewStandardVerifier(secrets, tolerance)
-	case SchemeGitHub:
-		return NewGitHubVerifier(secrets), nil
+func (e *SecretError) Error() string {
+	form := e.Form
+	if form == "" {
+		form = "whsec_<base64>"
 	}
-	return nil, fmt.Errorf("scheme must be %s, %s or %s, got %q", SchemeStripe, SchemeStandard, SchemeGitHub, scheme)
+	return fmt.Sprintf("secret %d is not %s", e.Index, form)
 }
