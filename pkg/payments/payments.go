@@ -53,6 +53,18 @@
 // charge.succeeded both say so. A success contradicting a cancellation
 // taken first runs it when the refresh confirms the success (from
 // canceled): with no reconciliation running, the object stays marked.
+//
+// PayPal captures (PAYMENT.CAPTURE.* events, object type PayPalCapture)
+// are kept in paypal_captures under the same rules, ordered by the
+// resource's update time over their own graph (captureGraph): PENDING,
+// COMPLETED, DECLINED, PARTIALLY_REFUNDED, REFUNDED, REVERSED. PayPal
+// sends a refund (and a reversal) as a refund resource naming its capture
+// in its "up" link; its total_refunded_amount against the captured amount
+// says partially refunded or refunded. A refund that comes before any
+// event of its capture is kept as evidence on the capture's row (its
+// status cannot be told without the captured amount) and applied, under
+// the same rules, when the capture's first state comes. PayPal events
+// write no payments row.
 package payments
 
 import (
@@ -102,12 +114,24 @@ func (h *handler) Handle(ctx context.Context, ev effects.Event, tx effects.Tx, o
 
 // HandleBatch implements effects.BatchHandler. Each body is decoded once;
 // a batch without objects to keep is one statement (the payments rows),
-// any other three whatever its size (lock, read, write).
+// any other three whatever its size (lock, read, write), and three more
+// when it has both Stripe objects and PayPal captures.
 func (h *handler) HandleBatch(ctx context.Context, evs []effects.Event, tx effects.Tx, out effects.Outbox) ([]bool, error) {
 	var rows []paymentRow
 	var obs []observation
+	var captures []captureObservation
 	paid := make([]bool, len(evs))
 	for i, ev := range evs {
+		if isPayPalCapture(ev) {
+			o, ok, err := observeCapture(i, ev)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				captures = append(captures, o)
+			}
+			continue
+		}
 		r, ok, o, err := decode(i, ev)
 		if err != nil {
 			return nil, err
@@ -118,15 +142,27 @@ func (h *handler) HandleBatch(ctx context.Context, evs []effects.Event, tx effec
 		obs = append(obs, o...)
 	}
 	skipped := make([]bool, len(evs))
-	if len(obs) == 0 {
+	if len(obs) == 0 && len(captures) == 0 {
 		for i := range skipped {
 			skipped[i] = !paid[i]
 		}
 		return skipped, writePayments(ctx, tx, rows)
 	}
-	described, err := h.keep(ctx, evs, obs, rows, tx, out)
-	if err != nil {
+	described := make([]bool, len(evs))
+	if len(obs) > 0 {
+		var err error
+		if described, err = h.keep(ctx, evs, obs, rows, tx, out); err != nil {
+			return nil, err
+		}
+	} else if err := writePayments(ctx, tx, rows); err != nil {
 		return nil, err
+	}
+	// PayPal's captures after Stripe's objects, in every transaction: two
+	// transactions never wait for each other's object locks in a cycle.
+	if len(captures) > 0 {
+		if err := h.keepCaptures(ctx, evs, captures, described, tx, out); err != nil {
+			return nil, err
+		}
 	}
 	for i := range skipped {
 		skipped[i] = !paid[i] && !described[i]

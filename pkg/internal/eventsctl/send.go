@@ -1,7 +1,9 @@
 package eventsctl
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -11,7 +13,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idempotent-events/idempotent-events/pkg/internal/webhook"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/event"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/provider"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/provider/paypal"
+	"github.com/idempotent-events/idempotent-events/pkg/internal/provider/stripe"
 )
 
 // defaultReceiverURL is where send posts without -url, $RECEIVER_URL or
@@ -43,10 +48,13 @@ func receiverURL(env Env) (string, error) {
 	return "http://" + net.JoinHostPort(host, port), nil
 }
 
-// delivery is one POST of send: a body and, for the lines it prints, what
-// it is.
+// delivery is one POST of send: a body, the identity the provider puts in
+// headers (the event id of a Standard Webhooks message or a GitHub
+// delivery, GitHub's event type), and, for the lines it prints, what it
+// is.
 type delivery struct {
-	body []byte
+	body    []byte
+	id, typ string
 	// label describes a lifecycle's event on its output line ("" for a
 	// single event, whose line is only the answer, as it always was).
 	label string
@@ -65,58 +73,77 @@ func send(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, 
 	ef.register(fs)
 	defURL, defErr := receiverURL(env)
 	url := fs.String("url", defURL, "receiver base URL ($RECEIVER_URL, else the receiver of $HTTP_ADDR on this host)")
-	secret := fs.String("secret", firstSecret(env), "signing secret (default: the first of $WEBHOOK_SECRETS)")
+	source := fs.String("source", event.DefaultSource, "the `source` to send to: stripe (/webhooks/payment) or a $WEBHOOK_SOURCES name (/webhooks/<name>)")
+	scheme := fs.String("scheme", "", "how the source signs: "+strings.Join(provider.Names(), ", ")+
+		" (default: the source's scheme in $WEBHOOK_SOURCES, else the source's name)")
+	secret := credentialFlag(fs, "secret", "", "signing `secret`, or PayPal's webhook id (default: the first of $WEBHOOK_SECRETS for stripe,\n"+
+		"of $WEBHOOK_SECRETS_<NAME> (or its _FILE) for another source)")
 	times := fs.Int("times", 1, "send each signed event this many times")
-	unsigned := fs.Bool("unsigned", false, "send without a Stripe-Signature header")
+	unsigned := fs.Bool("unsigned", false, "send without the signature header")
 	timeout := fs.Duration("timeout", 10*time.Second, "timeout per request")
 	var lf lifecycleFlags
 	lf.register(fs)
+	var pf paypalFlags
+	pf.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return flagStatus(err)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if msg := conflict(set); msg != "" {
-		fmt.Fprintln(stderr, "eventsctl send:", msg)
+	fail := func(err error) int {
+		fmt.Fprintln(stderr, "eventsctl send:", err)
 		return 2
+	}
+	kind, err := sourceScheme(env, *source, *scheme)
+	if err != nil {
+		return fail(err)
+	}
+	if msg := conflict(set, kind); msg != "" {
+		return fail(errors.New(msg))
+	}
+	if pf.env {
+		if kind != paypal.Name {
+			return fail(fmt.Errorf("-paypal-dev-env is for a PayPal source; %s signs as %s", *source, kind))
+		}
+		dev, err := pf.dev()
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Fprint(stdout, dev.receiverEnv())
+		return 0
 	}
 	if !set["url"] && defErr != nil {
-		fmt.Fprintln(stderr, "eventsctl send:", defErr)
-		return 2
+		return fail(defErr)
 	}
 	if *times < 1 {
-		fmt.Fprintf(stderr, "eventsctl send: -times must be at least 1, got %d\n", *times)
-		return 2
+		return fail(fmt.Errorf("-times must be at least 1, got %d", *times))
+	}
+	if !set["secret"] {
+		if *secret, err = sourceSecret(env, *source); err != nil {
+			return fail(err)
+		}
 	}
 	if *secret == "" && !*unsigned {
-		fmt.Fprintln(stderr, "eventsctl send: no secret: set WEBHOOK_SECRETS or pass -secret (or -unsigned)")
-		return 2
+		return fail(fmt.Errorf("no secret: set %s or pass -secret (or -unsigned)", secretsVar(*source)))
 	}
-	var deliveries []delivery
-	if set["types"] {
-		evs, err := lf.events(ef.amount, ef.currency, NewEventID)
+	deliveries, err := makeDeliveries(kind, &ef, &lf, set, *times, stdin)
+	if err != nil {
+		return fail(err)
+	}
+	s := signer{scheme: kind, secret: *secret, unsigned: *unsigned}
+	if kind == paypal.Name {
+		dev, err := pf.dev()
 		if err != nil {
-			fmt.Fprintln(stderr, "eventsctl send:", err)
-			return 2
+			return fail(err)
 		}
-		for _, ev := range evs {
-			label := ev.typ + " " + ev.objectID + " created=" + ev.created.Format(time.RFC3339)
-			for range *times {
-				deliveries = append(deliveries, delivery{body: ev.body, label: label})
-			}
-		}
-		if lf.shuffle {
-			rand.Shuffle(len(deliveries), func(i, j int) { deliveries[i], deliveries[j] = deliveries[j], deliveries[i] })
-		}
-	} else {
-		body, err := ef.body(stdin)
+		stop, err := dev.serve()
 		if err != nil {
-			fmt.Fprintln(stderr, "eventsctl send:", err)
-			return 2
+			return fail(err)
 		}
-		for range *times {
-			deliveries = append(deliveries, delivery{body: body})
-		}
+		// The receiver fetches the certificate while it verifies a
+		// delivery: it is served until the last answer is in.
+		defer stop()
+		s.paypal = &dev.signer
 	}
 
 	// A transport of its own, closed at the end: the command may run
@@ -124,10 +151,15 @@ func send(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, 
 	// connections would outlive it.
 	client := &http.Client{Timeout: *timeout, Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	defer client.CloseIdleConnections()
-	target := strings.TrimSuffix(*url, "/") + "/webhooks/payment"
+	target := strings.TrimSuffix(*url, "/") + sourceRoute(*source)
 	status := 0
 	for _, d := range deliveries {
-		code, answer, err := post(ctx, client, target, d.body, *secret, *unsigned)
+		h, err := s.headers(d)
+		if err != nil {
+			fmt.Fprintln(stderr, "eventsctl send:", err)
+			return 1
+		}
+		code, answer, err := post(ctx, client, target, d.body, h)
 		if err != nil {
 			fmt.Fprintln(stderr, "eventsctl send:", err)
 			return 1
@@ -144,35 +176,77 @@ func send(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, 
 	return status
 }
 
+// makeDeliveries builds what send posts: one event from the flags (or the
+// file), or the events of a lifecycle (-types), each times times, in the
+// body and headers of the provider scheme.
+func makeDeliveries(scheme string, ef *eventFlags, lf *lifecycleFlags, set map[string]bool, times int, stdin io.Reader) ([]delivery, error) {
+	var deliveries []delivery
+	if set["types"] {
+		var evs []lifecycleEvent
+		var err error
+		switch scheme {
+		case stripe.Name:
+			evs, err = lf.events(ef.amount, ef.currency, NewEventID)
+		case paypal.Name:
+			evs, err = lf.paypalEvents(ef.amount, ef.currency)
+		default:
+			err = fmt.Errorf("-types makes the lifecycle of a Stripe PaymentIntent or a PayPal capture; a %s source takes one event at a time", scheme)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, ev := range evs {
+			label := ev.typ + " " + ev.objectID + " created=" + ev.created.Format(time.RFC3339)
+			for range times {
+				deliveries = append(deliveries, delivery{body: ev.body, label: label})
+			}
+		}
+		if lf.shuffle {
+			rand.Shuffle(len(deliveries), func(i, j int) { deliveries[i], deliveries[j] = deliveries[j], deliveries[i] })
+		}
+		return deliveries, nil
+	}
+	d, err := ef.delivery(scheme, lf.object, set, stdin)
+	if err != nil {
+		return nil, err
+	}
+	for range times {
+		deliveries = append(deliveries, d)
+	}
+	return deliveries, nil
+}
+
 // conflict names a flag given for the other mode of send: one event built
 // from -id, -type, -status… (or read with -file), or the events of a
 // lifecycle (-types), whose ids, statuses and bodies send makes itself.
-func conflict(set map[string]bool) string {
+// One PayPal event may name its capture (-object): a refund is about a
+// capture sent before.
+func conflict(set map[string]bool, scheme string) string {
 	if set["types"] {
 		for _, name := range singleOnly {
 			if set[name] {
-				return fmt.Sprintf("-%s does not go with -types: each event of a lifecycle gets a new id, the status of its type and a Stripe body", name)
+				return fmt.Sprintf("-%s does not go with -types: each event of a lifecycle gets a new id, the status of its type and the provider's body", name)
 			}
 		}
 		return ""
 	}
 	for _, name := range lifecycleOnly {
-		if set[name] {
+		if set[name] && !(name == "object" && scheme == paypal.Name) {
 			return fmt.Sprintf("-%s needs -types (the event types of the object's lifecycle, in order)", name)
 		}
 	}
 	return ""
 }
 
-func post(ctx context.Context, client *http.Client, url string, body []byte, secret string, unsigned bool) (int, string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(string(body)))
+// post sends one delivery with headers h and returns the receiver's
+// answer.
+func post(ctx context.Context, client *http.Client, url string, body []byte, h http.Header) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return 0, "", err
 	}
+	req.Header = h
 	req.Header.Set("Content-Type", "application/json")
-	if !unsigned {
-		req.Header.Set(webhook.StripeHeader, webhook.SignStripe(secret, time.Now(), body))
-	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, "", fmt.Errorf("POST %s: %w", url, err)

@@ -64,11 +64,30 @@ func (f *lifecycleFlags) register(fs *flag.FlagSet) {
 		lines, known = append(lines, strings.Join(known[:n], ", ")), known[n:]
 	}
 	fs.StringVar(&f.types, "types", "", "send one Stripe event per type, in this order, all about one PaymentIntent, comma-separated\n"+
-		"(e.g. payment_intent.created,payment_intent.processing,payment_intent.succeeded); the types:\n"+strings.Join(lines, ",\n"))
-	fs.StringVar(&f.object, "object", "", "with -types: the PaymentIntent's id (default: a new random pi_…); charge.* events are about its charge, ch_ and the same suffix")
+		"(e.g. payment_intent.created,payment_intent.processing,payment_intent.succeeded); the types:\n"+strings.Join(lines, ",\n")+
+		"\nfor a PayPal source, one event per type about one capture (each PAYMENT.CAPTURE.REFUNDED refunds an equal share,\n"+
+		"the last the rest): "+strings.Join(paypalKnownTypes(), ", "))
+	fs.StringVar(&f.object, "object", "", "with -types: the PaymentIntent's id (default: a new random pi_…); charge.* events are about its charge, ch_ and the same suffix;\n"+
+		"for a PayPal source: the capture's id (default: a new random one), also for one event")
 	fs.StringVar(&f.created, "created", "", "with -types: the created time of the first event, RFC 3339 (default: now; Stripe's resolution is one second)")
 	fs.DurationVar(&f.step, "step", time.Second, "with -types: the created time between one event and the next, whole seconds (0: all in one second)")
 	fs.BoolVar(&f.shuffle, "shuffle", false, "with -types: post the events (and their -times copies) in a random order; their created times stay those of the list")
+}
+
+// start is the time of the first event of the lifecycle, checking -step
+// too: whole seconds, as Stripe's created and PayPal's times are.
+func (f *lifecycleFlags) start() (time.Time, error) {
+	start := time.Now()
+	if f.created != "" {
+		var err error
+		if start, err = time.Parse(time.RFC3339, f.created); err != nil {
+			return time.Time{}, fmt.Errorf("-created: want an RFC 3339 time such as 2026-12-07T10:00:00Z, got %q", f.created)
+		}
+	}
+	if f.step < 0 || f.step%time.Second != 0 {
+		return time.Time{}, fmt.Errorf("-step: want whole seconds, 0 or more (Stripe's created has one-second resolution), got %s", f.step)
+	}
+	return start.Truncate(time.Second).UTC(), nil
 }
 
 // lifecycleEvent is one event of a lifecycle, ready to sign.
@@ -92,16 +111,9 @@ func (f *lifecycleFlags) events(amount int64, currency string, newID func() stri
 		}
 		types = append(types, t)
 	}
-	start := time.Now()
-	if f.created != "" {
-		var err error
-		if start, err = time.Parse(time.RFC3339, f.created); err != nil {
-			return nil, fmt.Errorf("-created: want an RFC 3339 time such as 2026-12-07T10:00:00Z, got %q", f.created)
-		}
-	}
-	start = start.Truncate(time.Second).UTC()
-	if f.step < 0 || f.step%time.Second != 0 {
-		return nil, fmt.Errorf("-step: want whole seconds, 0 or more (Stripe's created has one-second resolution), got %s", f.step)
+	start, err := f.start()
+	if err != nil {
+		return nil, err
 	}
 	intent := f.object
 	if intent == "" {

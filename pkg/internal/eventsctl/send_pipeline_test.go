@@ -3,11 +3,14 @@ package eventsctl_test
 import (
 	"context"
 	"net"
+	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kelseyhightower/envconfig"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
@@ -34,6 +37,7 @@ func startReceiver(t *testing.T, p *pipelinetest.Pipeline) string {
 		MaxInFlight: 64, RetryAfter: time.Second, DuplicateCheck: config.DuplicateCheckRedis,
 		DuplicateCheckTimeout: 100 * time.Millisecond, ShutdownTimeout: 5 * time.Second,
 	}
+	withDefaults(t, &cfg)
 	require.NoError(t, cfg.Validate())
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -43,6 +47,33 @@ func startReceiver(t *testing.T, p *pipelinetest.Pipeline) string {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	require.NoError(t, servicetest.AwaitHTTP("http://"+cfg.HTTPAddr+"/readyz", 200, 20*time.Second))
 	return cfg.HTTPAddr
+}
+
+// withDefaults sets every field of the configuration *cfg that is still
+// zero to its default, decoded as the binaries decode it (envconfig, from
+// the field's default tag, under a variable no one sets), so a
+// configuration built in a test keeps up with the settings added later.
+func withDefaults(t *testing.T, cfg any) {
+	t.Helper()
+	var fill func(v reflect.Value)
+	fill = func(v reflect.Value) {
+		for i := 0; i < v.NumField(); i++ {
+			f, ft := v.Field(i), v.Type().Field(i)
+			if ft.Anonymous && ft.Type.Kind() == reflect.Struct {
+				fill(f)
+				continue
+			}
+			def, ok := ft.Tag.Lookup("default")
+			if !ok || !ft.IsExported() || !f.IsZero() {
+				continue
+			}
+			tag := reflect.StructTag(`envconfig:"IE_SEND_TEST_NEVER_SET" default:` + strconv.Quote(def))
+			one := reflect.New(reflect.StructOf([]reflect.StructField{{Name: ft.Name, Type: ft.Type, Tag: tag}}))
+			require.NoError(t, envconfig.Process("", one.Interface()), ft.Name)
+			f.Set(one.Elem().Field(0))
+		}
+	}
+	fill(reflect.ValueOf(cfg).Elem())
 }
 
 // A lifecycle sent shuffled and duplicated to the real receiver (found by

@@ -60,7 +60,7 @@ func newFakeReceiver(t *testing.T) *fakeReceiver {
 				Object map[string]any `json:"object"`
 			} `json:"data"`
 		}
-		require.NoError(t, json.Unmarshal(body, &wire))
+		assert.NoError(t, json.Unmarshal(body, &wire))
 		f.mu.Lock()
 		f.got = append(f.got, posted{raw: body, ev: ev, object: wire.Data.Object})
 		f.mu.Unlock()
