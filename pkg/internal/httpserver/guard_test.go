@@ -184,7 +184,7 @@ func TestGuardCutsOffASlowBody(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { cancel(); assert.NoError(t, <-done) })
 
 	conn, err := net.Dial("tcp", srv.Addr().String())
 	require.NoError(t, err)

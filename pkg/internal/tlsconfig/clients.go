@@ -156,13 +156,14 @@ func (c explainedConn) explain(err error) error {
 	if err == nil {
 		return nil
 	}
-	if e := c.service.Explain(err); e != err || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+	// Explain returns err itself when it has nothing to add: identity, not errors.Is.
+	if e := c.service.Explain(err); e != err || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) { //nolint:errorlint // see above
 		return e
 	}
 	_ = c.Conn.SetReadDeadline(time.Now().Add(alertWait))
 	var b [1]byte
 	if _, rerr := c.Conn.Read(b[:]); rerr != nil {
-		if e := c.service.Explain(rerr); e != rerr {
+		if e := c.service.Explain(rerr); e != rerr { //nolint:errorlint // identity, as above
 			return e
 		}
 	}

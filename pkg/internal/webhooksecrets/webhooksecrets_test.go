@@ -1,7 +1,6 @@
 package webhooksecrets_test
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -38,7 +37,7 @@ func TestReadErrorsNameThePathNotTheContent(t *testing.T) {
 	blank := filepath.Join(dir, "blank")
 	require.NoError(t, os.WriteFile(blank, []byte(" \n"), 0o600))
 	_, err = webhooksecrets.Read(blank)
-	assert.ErrorIs(t, err, webhooksecrets.ErrEmpty)
+	require.ErrorIs(t, err, webhooksecrets.ErrEmpty)
 
 	const canary = "cnrybigfile0123456789"
 	big := filepath.Join(dir, "big")
@@ -193,7 +192,7 @@ func TestNewWatcherNamesTheVariableOfABadFile(t *testing.T) {
 		{Source: "shop", Var: "WEBHOOK_SECRETS_SHOP_FILE", Path: filepath.Join(dir, "nope"), Apply: func([]string) error { return nil }},
 	}})
 	var ferr *webhooksecrets.Error
-	require.True(t, errors.As(err, &ferr), "%v", err)
+	require.ErrorAs(t, err, &ferr)
 	assert.Equal(t, "WEBHOOK_SECRETS_SHOP_FILE", ferr.Var)
 }
 

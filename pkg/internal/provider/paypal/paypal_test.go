@@ -164,7 +164,7 @@ func TestCertificatesAreCachedAndFetchedOnce(t *testing.T) {
 	assert.Equal(t, webhook.ReasonUnavailable, webhook.ReasonOf(err))
 	fixed := srv.Issue(t, "/v1/notifications/certs/flaky", paypaltest.Cert{})
 	_, err = p.Verify(sign(t, fixed, webhookIDs[0], clock(), b), b)
-	assert.NoError(t, err, "an outage is not remembered")
+	require.NoError(t, err, "an outage is not remembered")
 	assert.Equal(t, 2, srv.Fetches("/v1/notifications/certs/flaky"))
 
 	mu.Lock()
@@ -208,7 +208,7 @@ func TestCheapChecksComeBeforeTheDownload(t *testing.T) {
 		}(),
 	} {
 		_, err := p.Verify(h, b)
-		assert.Error(t, err, name)
+		require.Error(t, err, name)
 	}
 	assert.Equal(t, 0, srv.Fetches(paypaltest.CertPath))
 }

@@ -265,7 +265,7 @@ func (p *Postgres) SetServerCert(leaf Leaf) {
 		b := make([]byte, 1)
 		if _, err := io.ReadFull(conn, b); err != nil || b[0] != 'S' {
 			conn.Close()
-			return nil, fmt.Errorf("no SSL from postgres: %q %v", b, err)
+			return nil, fmt.Errorf("no SSL from postgres: %q: %w", b, err)
 		}
 		return conn, nil
 	})

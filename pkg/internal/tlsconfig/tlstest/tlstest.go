@@ -135,10 +135,14 @@ type Secret struct {
 	version int
 }
 
-// CAFile, CertFile and KeyFile are the paths a pod's settings name.
-func (s *Secret) CAFile() string   { return filepath.Join(s.Dir, "ca.crt") }
+// CAFile is the path of the CA bundle a pod's settings name.
+func (s *Secret) CAFile() string { return filepath.Join(s.Dir, "ca.crt") }
+
+// CertFile is the path of the client certificate.
 func (s *Secret) CertFile() string { return filepath.Join(s.Dir, "tls.crt") }
-func (s *Secret) KeyFile() string  { return filepath.Join(s.Dir, "tls.key") }
+
+// KeyFile is the path of the client key.
+func (s *Secret) KeyFile() string { return filepath.Join(s.Dir, "tls.key") }
 
 // NewSecret writes a Secret volume into a new directory under dir (a
 // test's TempDir, or a directory other users can read) holding ca as
