@@ -9,7 +9,7 @@ import (
 )
 
 // tlsScenario is the chart's scenario with TLS to all three services.
-var tlsScenario = filepath.Join(chartDir, "ci", "tls-values.yaml")
+var tlsScenario = filepath.Join("testdata", "tls-values.yaml")
 
 // tlsServices are the chart's TLS values by service: the URL variable that
 // says a container connects to the service, and the prefix of its TLS
