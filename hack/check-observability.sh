@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Offline checks of the operator-facing observability artifacts:
+# Checks of the operator-facing observability artifacts, offline (1-5) and live (6):
 #   charts/idempotent-events/rules/idempotent-events.rules.yaml  (alert rules)
 #   hack/rules-test/*.yaml                                       (their unit tests)
 #   charts/idempotent-events/dashboards/*.json                   (Grafana dashboards)
@@ -17,6 +17,14 @@
 #    (dashboards and the rule file), strict grafana-foundation-sdk decoding.
 # 5. The dashboard queries parse as PromQL (extracted by dashboardcheck as
 #    recording rules, then promtool check rules).
+# 6. Live (pkg/internal/cmd/alerts): a real Prometheus and Alertmanager
+#    (hack/tools/prometheus, built by hack/tools/build.sh) watch the real
+#    binaries of this tree on the machine's services; every alert of the
+#    rule file is induced, fires to a webhook and resolves (a table with
+#    the times), and every dashboard panel's query returns data. Then the
+#    negative control: the same suite with one alert's expression broken
+#    must fail on that alert. IE_LIVE_ALERTS=0 skips both (reported as a
+#    failure, never as a pass).
 #
 # Exits non-zero if any check fails; every check runs either way.
 set -uo pipefail
@@ -162,6 +170,40 @@ elif $have_promtool; then
 	fi
 else
 	fail "dashboard PromQL: no promtool"
+fi
+
+# --- 6. live alerts and panels ---------------------------------------------
+step "live: every alert induced, fired to Alertmanager and resolved; every panel's query has data (pkg/internal/cmd/alerts)"
+if [[ ${IE_LIVE_ALERTS:-1} != 1 ]]; then
+	fail "live alerts: skipped (IE_LIVE_ALERTS=${IE_LIVE_ALERTS})"
+elif ! hack/tools/build.sh prometheus alertmanager; then
+	fail "building prometheus and alertmanager"
+elif ! $GO build -o "$BIN/alerts-suite" ./pkg/internal/cmd/alerts; then
+	fail "building pkg/internal/cmd/alerts"
+else
+	TOOLS=$(hack/tools/build.sh --dir)
+	# The binaries of this tree are built once, for both runs. The negative
+	# control (about a minute) runs beside the suite, on a stack of its own.
+	"$BIN/alerts-suite" -bin "$tmp/ie-bin" -build-only >/dev/null &&
+		{ "$BIN/alerts-suite" -tools "$TOOLS" -bin "$tmp/ie-bin" -break IdempotentEventsDLQNotEmpty >"$tmp/negative.log" 2>&1 &
+		  negative=$!; }
+	if "$BIN/alerts-suite" -tools "$TOOLS" -bin "$tmp/ie-bin"; then
+		ok "live alerts and panels"
+	else
+		fail "live alerts and panels"
+	fi
+	step "live, negative control: IdempotentEventsDLQNotEmpty's expression broken must fail the suite"
+	rc=none
+	if [[ -n ${negative:-} ]]; then
+		wait "$negative"
+		rc=$?
+		cat "$tmp/negative.log"
+	fi
+	if [[ $rc == 1 ]] && grep -Eq '^IdempotentEventsDLQNotEmpty.* FAILED \(no firing notification' "$tmp/negative.log"; then
+		ok "negative control: the broken alert failed the suite (exit 1)"
+	else
+		fail "negative control: exit $rc, and the broken alert was not reported FAILED"
+	fi
 fi
 
 echo

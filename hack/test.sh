@@ -28,7 +28,7 @@ declare -A WHAT=(
   [lint]="gofmt, golangci-lint"
   [fuzz-short]="every fuzz target, count budgets"
   [chaos-short]="every chaos scenario, small"
-  [check-observability]="promtool rules and tests, dashboards"
+  [check-observability]="alert rules, runbook, dashboards offline; live: every alert fired and resolved in a real Prometheus + Alertmanager, every panel has data"
   [check-deploy]="chart, image, envtest, helm-unittest"
   [k8s-e2e]="the chart on a real one-node cluster"
 )

@@ -13,6 +13,10 @@
 #   keda            KEDA v2.21.0 operator, metrics adapter, admission webhooks
 #                                                                hack/tools/k8s
 #   promtool        Prometheus v0.314.0's promtool (KEDA's)      hack/tools/k8s
+#   prometheus      Prometheus v0.314.0's server (promtool's version; no
+#                   web UI assets: the live alert suite uses its API)
+#                                                                hack/tools/prometheus
+#   alertmanager    Alertmanager v0.31.1                         hack/tools/alertmanager
 #   helm-unittest   helm-unittest v1.1.2                         hack/tools/k8s
 #   golangci-lint   golangci-lint v2.15.0                        hack/tools/golangci-lint
 #   stripe-mock     stripe-mock v0.203.0                         hack/tools/stripe-mock
@@ -21,7 +25,8 @@
 # the packages they share (k8s.io/*, gRPC, protobuf, OpenTelemetry, the cloud
 # SDKs) resolve to one version each and compile once; golangci-lint and
 # stripe-mock keep modules of their own (nothing to share, and their pins
-# should not move with Kubernetes').
+# should not move with Kubernetes'), and so do the Prometheus server and
+# Alertmanager (their go.mod files say why).
 #
 # Builds of one tool are serialised by a lock, so a stage that needs a tool
 # the background builder (hack/test.sh) is building waits for that build
@@ -42,11 +47,12 @@ kv=${K8S_VERSION#v}
 
 # The order is the order `make test` needs them in (hack/test.sh builds them
 # in the background in this order).
-ALL=(stripe-mock golangci-lint promtool kube etcd helm-unittest helm coredns dockerfile-frontend keda)
+ALL=(stripe-mock golangci-lint promtool prometheus alertmanager kube etcd helm-unittest helm coredns dockerfile-frontend keda)
 
-# spec NAME: sets dir, ldflags, pkgs and outs (the binaries it leaves in $BIN).
+# spec NAME: sets dir, ldflags, tags, pkgs and outs (the binaries it leaves
+# in $BIN).
 spec() {
-  dir=$ROOT/hack/tools/k8s ldflags="-s -w" outs=()
+  dir=$ROOT/hack/tools/k8s ldflags="-s -w" tags="" outs=()
   case $1 in
   kube)
     ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=${kv%%.*} -X k8s.io/component-base/version.gitMinor=$(cut -d. -f2 <<<"$kv")"
@@ -60,6 +66,17 @@ spec() {
   promtool)
     ldflags="-s -w -X github.com/prometheus/common/version.Version=$(modver github.com/prometheus/prometheus)"
     pkgs=(github.com/prometheus/prometheus/cmd/promtool) ;;
+  prometheus)
+    # remove_all_sd: static and file service discovery only, not the
+    # cloud providers' and Kubernetes' (add enable_kubernetes_sd when a
+    # stage needs it): a third of the compile.
+    dir=$ROOT/hack/tools/prometheus tags=remove_all_sd
+    ldflags="-s -w -X github.com/prometheus/common/version.Version=$(modver github.com/prometheus/prometheus)"
+    pkgs=(github.com/prometheus/prometheus/cmd/prometheus) ;;
+  alertmanager)
+    dir=$ROOT/hack/tools/alertmanager
+    ldflags="-s -w -X github.com/prometheus/common/version.Version=$(modver github.com/prometheus/alertmanager)"
+    pkgs=(github.com/prometheus/alertmanager/cmd/alertmanager) ;;
   helm-unittest) pkgs=(github.com/helm-unittest/helm-unittest/cmd/helm-unittest) ;;
   golangci-lint)
     dir=$ROOT/hack/tools/golangci-lint ldflags=""
@@ -83,8 +100,11 @@ goname() {
   echo "$base"
 }
 
-# modver MODULE: its version in $dir's go.mod, without the v.
-modver() { awk -v m="$1" '$1 == m { sub(/^v/, "", $2); print $2 }' "$dir/go.mod"; }
+# modver MODULE: its version in $dir's go.mod, without the v (a line of a
+# require block, or a one-line require).
+modver() {
+  awk -v m="$1" '$1 == "require" { $1 = ""; $0 = $0 } $1 == m { sub(/^v/, "", $2); print $2 }' "$dir/go.mod"
+}
 
 report() { if [[ -n ${IE_TOOLS_REPORT:-} ]]; then echo "$*" >>"$IE_TOOLS_REPORT"; fi; }
 
@@ -98,7 +118,7 @@ current() {
 build() {
   local name=$1 digest t0=$SECONDS
   spec "$name"
-  digest=$( { cat "$dir/go.mod" "$dir/go.sum"; echo "${pkgs[*]} | $ldflags | ${outs[*]}"; go env GOVERSION; } | sha256sum | cut -c1-16)
+  digest=$( { cat "$dir/go.mod" "$dir/go.sum"; echo "${pkgs[*]} | $ldflags | ${outs[*]}${tags:+ | $tags}"; go env GOVERSION; } | sha256sum | cut -c1-16)
   if current "$name" "$digest"; then report "$name cached"; return; fi
   mkdir -p "$BIN"
   exec {lock}>"$BIN/.$name.lock"
@@ -111,7 +131,7 @@ build() {
   fi
   echo "tools: building $name from ${dir#"$ROOT"/} (pin or Go changed, or first run: minutes when cold)" >&2
   local tmp; tmp=$(mktemp -d "$BIN/.build-$name.XXXX")
-  if ! (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}"); then
+  if ! (cd "$dir" && go build -trimpath -tags "$tags" -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}"); then
     rm -rf "$tmp"; exec {lock}>&-
     echo "tools: building $name failed" >&2; return 1
   fi
