@@ -20,16 +20,7 @@ func (s *Server) findEvent(ctx context.Context, id string) (lookup.Event, error)
 	if err != nil {
 		return rep, err
 	}
-	key := rep.Key
-	if key == "" {
-		key = id
-	}
-	q, err := s.opts.DLQ.Locate(ctx, key, append([]string{broker.DLQ}, s.opts.RetryQueues...))
-	rep.Queues = &q
-	if err != nil {
-		rep.QueuesError = err.Error()
-	}
-	rep.Unknown = append(rep.Unknown, "events.main, events.replay and deliveries in flight (their messages are not scanned)")
+	rep.Locate(ctx, s.opts.DLQ, id, append([]string{broker.DLQ}, s.opts.RetryQueues...))
 	return rep, nil
 }
 

@@ -121,26 +121,16 @@ func eventsShow(ctx context.Context, args []string, env Env, stdout, stderr io.W
 		return 1
 	}
 	if f.scanDLQ {
-		key := rep.Key
-		if key == "" {
-			key = f.id
-		}
 		d, err := dialer(env, f.amqpURL, "eventsctl events")
 		if err != nil {
 			fmt.Fprintf(stderr, "eventsctl events show: %v\n", err)
 			return 2
 		}
-		c := dlq.New(dlq.Options{Dialer: d, ScanLimit: f.scanLimit})
 		topo := broker.Topology{RetryDelays: f.retryDelays}
-		q, err := c.Locate(ctx, key, append([]string{broker.DLQ}, topo.RetryQueues()...))
-		rep.Queues = &q
-		if err != nil {
-			rep.QueuesError = err.Error()
-		}
+		rep.Locate(ctx, dlq.New(dlq.Options{Dialer: d, ScanLimit: f.scanLimit}), f.id, append([]string{broker.DLQ}, topo.RetryQueues()...))
 	} else {
-		rep.Unknown = append(rep.Unknown, "events.dlq and the retry tiers (-dlq=false)")
+		rep.Unknown = append(rep.Unknown, "events.dlq and the retry tiers (-dlq=false)", lookup.Unscanned)
 	}
-	rep.Unknown = append(rep.Unknown, "events.main, events.replay and deliveries in flight (their messages are not scanned)")
 	if f.asJSON {
 		printJSON(stdout, rep)
 	} else {

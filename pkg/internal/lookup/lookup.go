@@ -129,6 +129,30 @@ type Scan struct {
 	Missing bool `json:"missing,omitempty"`
 }
 
+// Locator finds an event's messages in queues; *dlq.Client is one.
+type Locator interface {
+	Locate(ctx context.Context, key string, queues []string) (Queues, error)
+}
+
+// Unscanned is where an event may be that no lookup looks.
+const Unscanned = "events.main, events.replay and deliveries in flight (their messages are not scanned)"
+
+// Locate looks for the event's messages in queues with loc: by its ledger
+// key, or by id when it is not in the ledger. A failure is kept in
+// QueuesError, beside what was scanned before it.
+func (e *Event) Locate(ctx context.Context, loc Locator, id string, queues []string) {
+	key := e.Key
+	if key == "" {
+		key = id
+	}
+	q, err := loc.Locate(ctx, key, queues)
+	e.Queues = &q
+	if err != nil {
+		e.QueuesError = err.Error()
+	}
+	e.Unknown = append(e.Unknown, Unscanned)
+}
+
 // Found reports whether the event is anywhere: committed, or waiting in a
 // queue that was scanned.
 func (e Event) Found() bool { return e.Ledger != nil || (e.Queues != nil && len(e.Queues.Hits) > 0) }
