@@ -115,12 +115,9 @@ type wirePaymentIntent struct {
 
 // Decode parses and validates body.
 func Decode(body []byte) (Event, error) {
-	if len(bytes.TrimSpace(body)) == 0 {
-		return Event{}, &FieldError{Field: "body", Problem: "empty body"}
-	}
 	var w wireEvent
-	if err := json.Unmarshal(body, &w); err != nil {
-		return Event{}, jsonProblem("", err)
+	if err := unmarshalBody(body, &w); err != nil {
+		return Event{}, err
 	}
 	var ev Event
 	var err error
@@ -278,6 +275,18 @@ func isCurrency(s string) bool {
 
 // jsonProblem turns an encoding/json error into a FieldError whose path is
 // relative to the document root.
+// unmarshalBody decodes a delivery's body into v: an empty body, and JSON
+// that does not parse into v, are FieldErrors naming what is wrong.
+func unmarshalBody(body []byte, v any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return &FieldError{Field: "body", Problem: "empty body"}
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return jsonProblem("", err)
+	}
+	return nil
+}
+
 func jsonProblem(prefix string, err error) error {
 	var typeErr *json.UnmarshalTypeError
 	var syntaxErr *json.SyntaxError

@@ -35,12 +35,9 @@ type wirePayPalResource struct {
 // like Stripe, does not deliver in order). The content digest covers the
 // event type and the resource, not the envelope's other fields.
 func DecodePayPal(body []byte) (Event, error) {
-	if len(bytes.TrimSpace(body)) == 0 {
-		return Event{}, &FieldError{Field: "body", Problem: "empty body"}
-	}
 	var w wirePayPal
-	if err := json.Unmarshal(body, &w); err != nil {
-		return Event{}, jsonProblem("", err)
+	if err := unmarshalBody(body, &w); err != nil {
+		return Event{}, err
 	}
 	var ev Event
 	var err error

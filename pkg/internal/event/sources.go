@@ -39,12 +39,9 @@ func DecodeStandard(id string, body []byte) (Event, error) {
 	if ev.ID, err = requireID("webhook-id", &id); err != nil {
 		return Event{}, err
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return Event{}, &FieldError{Field: "body", Problem: "empty body"}
-	}
 	var w wireStandard
-	if err := json.Unmarshal(body, &w); err != nil {
-		return Event{}, jsonProblem("", err)
+	if err := unmarshalBody(body, &w); err != nil {
+		return Event{}, err
 	}
 	if ev.Type, err = requireType(w.Type); err != nil {
 		return Event{}, err
@@ -79,12 +76,9 @@ func DecodeGitHub(id, typ string, body []byte) (Event, error) {
 		}
 		return Event{}, fe
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return Event{}, &FieldError{Field: "body", Problem: "empty body"}
-	}
 	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(body, &obj); err != nil {
-		return Event{}, jsonProblem("", err)
+	if err := unmarshalBody(body, &obj); err != nil {
+		return Event{}, err
 	}
 	ev.Digest = digest("", body)
 	return ev, nil
