@@ -104,6 +104,9 @@ func (d Dialer) dial(url string) (*amqp.Connection, error) {
 	// Recovery stays nil: reconnecting is Supervise's job, so that delivery
 	// tags and unconfirmed publishes never outlive their connection.
 	conn, err := amqp.DialConfig(url, cfg)
+	if d.TLS != nil {
+		return conn, d.TLS.Explain(err)
+	}
 	return conn, tlsconfig.RabbitMQ.Explain(err)
 }
 

@@ -5,8 +5,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -74,6 +76,10 @@ type Client struct {
 	key   stamp
 	roots *x509.CertPool   // nil: the system's
 	pair  *tls.Certificate // nil: no client certificate
+
+	// askedWithout: a server asked for a client certificate while this
+	// client had none to send (Explain).
+	askedWithout atomic.Bool
 }
 
 // New reads the files of service's settings f and returns their Client,
@@ -116,8 +122,30 @@ func (c *Client) Config(serverName string) *tls.Config {
 		// field is not): a server that refuses it then says why, instead
 		// of a bare "certificate required".
 		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return pair, nil }
+	} else {
+		// None to send (an empty one is what Go sends without this), but
+		// noted: in TLS 1.3 the server refuses after the client's side of
+		// the handshake returned, and its reset may overtake its alert.
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c.askedWithout.Store(true)
+			return &tls.Certificate{}, nil
+		}
 	}
 	return cfg
+}
+
+// Explain is the service's Explain, and it also explains a connection cut
+// right after a handshake in which the server asked for a client
+// certificate that this client did not have: the server's alert saying
+// so may be lost to the reset (TLS 1.3 refuses after the handshake).
+func (c *Client) Explain(err error) error {
+	e := c.service.Explain(err)
+	if e != err || !c.askedWithout.Load() || //nolint:errorlint // identity: Explain returns err itself when it has nothing to add
+		!errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, io.EOF) {
+		return e
+	}
+	reason, hint := c.service.classify(errors.New("tls: certificate required"))
+	return &Error{Service: c.service, Reason: reason, Hint: hint, Err: err}
 }
 
 // stamp identifies a version of a file: the kubelet's symlink swap and an
